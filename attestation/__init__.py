@@ -1,0 +1,7 @@
+"""Attestation: command envelopes and their verification, software and TPM signers."""
+from .envelope import Command, Envelope, EnvelopeVerifier, decode
+from .errors import AttestationError, EnvelopeError, TpmError
+from .signers import Signer, SoftwareSigner
+
+__all__ = ["Command", "Envelope", "EnvelopeVerifier", "decode", "AttestationError", "EnvelopeError",
+           "TpmError", "Signer", "SoftwareSigner"]

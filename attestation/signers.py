@@ -1,0 +1,43 @@
+"""Signers turn a Command into envelope bytes. One Protocol, one class per key store."""
+from __future__ import annotations
+
+from typing import Protocol
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from .envelope import ALG_ED25519, Command, attach_signature, encode_unsigned, key_id_of
+
+
+class Signer(Protocol):
+    kind: str  # "tpm" | "software"
+    algorithm: int
+    key_id: bytes
+
+    def public_key_pem(self) -> bytes: ...
+
+    def sign_command(self, cmd: Command) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+class SoftwareSigner:
+    """Ed25519 key held in process memory. For development and machines without a TPM only."""
+
+    kind = "software"
+    algorithm = ALG_ED25519
+
+    def __init__(self, private_key: ed25519.Ed25519PrivateKey | None = None) -> None:
+        self._key = private_key or ed25519.Ed25519PrivateKey.generate()
+        self.key_id = key_id_of(self._key.public_key())
+
+    def public_key_pem(self) -> bytes:
+        return self._key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+    def sign_command(self, cmd: Command) -> bytes:
+        unsigned = encode_unsigned(cmd, self.algorithm, self.key_id)
+        return attach_signature(unsigned, self._key.sign(unsigned))
+
+    def close(self) -> None:
+        pass

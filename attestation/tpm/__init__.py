@@ -1,0 +1,5 @@
+"""TPM 2.0 access through tpm2-pytss ESAPI, and swtpm for demos and tests."""
+from .signer import DEFAULT_KEY_HANDLE, TpmSigner
+from .swtpm import Swtpm, swtpm_available
+
+__all__ = ["DEFAULT_KEY_HANDLE", "TpmSigner", "Swtpm", "swtpm_available"]

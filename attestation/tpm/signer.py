@@ -1,0 +1,107 @@
+"""Per-command ECDSA P-256 signing with a key that never leaves the TPM (TPM2_Sign).
+
+The device key is persisted at 0x81000001 (created on first use: a primary key under the
+owner hierarchy, NODA so unclean restarts never trip dictionary-attack lockout). One ESAPI
+context, used from one thread at a time (ESYS is not thread-safe): the loop thread.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
+
+from ..envelope import ALG_ECDSA_P256_SHA256, Command, attach_signature, encode_unsigned, key_id_of
+from ..errors import TpmError
+
+DEFAULT_KEY_HANDLE = 0x81000001
+MODEL_PCR = 16
+
+os.environ.setdefault("TSS2_LOG", "all+none")  # the C library's stderr noise; errors still raise
+
+
+def _tss():
+    import tpm2_pytss  # imported lazily: 100 ms, and absent where no TPM is ever used
+
+    return tpm2_pytss
+
+
+class TpmSigner:
+    kind = "tpm"
+    algorithm = ALG_ECDSA_P256_SHA256
+
+    def __init__(self, tcti: str, key_handle: int = DEFAULT_KEY_HANDLE) -> None:
+        if not tcti:
+            raise TpmError("no TCTI given; use device:/dev/tpmrm0 for the kernel resource manager "
+                           "or swtpm:path=<socket> for swtpm (the library default is never used)")
+        t = _tss()
+        self.tcti = tcti
+        self.key_handle = key_handle
+        self._lock = threading.Lock()
+        try:
+            self._esapi = t.ESAPI(tcti)
+        except Exception as exc:  # TSS2_Exception or TCTI load failure
+            raise TpmError(f"cannot open TPM through TCTI {tcti!r}: {exc}") from exc
+        try:
+            self._key, self.created = self._load_or_create_key()
+            pub, _, _ = self._esapi.read_public(self._key)
+            self._public_pem = pub.to_pem()
+        except Exception as exc:
+            self._esapi.close()
+            raise TpmError(f"TPM at {tcti!r}: cannot load or create the signing key at "
+                           f"0x{key_handle:08x}: {exc}") from exc
+        self._public_key = serialization.load_pem_public_key(self._public_pem)
+        self.key_id = key_id_of(self._public_key)
+        self._scheme = t.TPMT_SIG_SCHEME(scheme=t.TPM2_ALG.ECDSA)
+        self._scheme.details.any.hashAlg = t.TPM2_ALG.SHA256
+        self._ticket = t.TPMT_TK_HASHCHECK(tag=t.TPM2_ST.HASHCHECK, hierarchy=t.TPM2_RH.NULL)
+
+    def _load_or_create_key(self):
+        t = _tss()
+        e = self._esapi
+        try:
+            return e.tr_from_tpmpublic(self.key_handle), False
+        except t.TSS2_Exception:
+            pass
+        a = t.TPMA_OBJECT
+        attrs = a.FIXEDTPM | a.FIXEDPARENT | a.SENSITIVEDATAORIGIN | a.USERWITHAUTH | a.SIGN_ENCRYPT | a.NODA
+        template = t.TPM2B_PUBLIC(publicArea=t.TPMT_PUBLIC.parse("ecc256:ecdsa-sha256:null", objectAttributes=attrs))
+        handle, *_ = e.create_primary(None, template, t.ESYS_TR.OWNER)
+        try:
+            persistent = e.evict_control(t.ESYS_TR.OWNER, handle, self.key_handle)
+        finally:
+            e.flush_context(handle)
+        return persistent, True
+
+    def public_key_pem(self) -> bytes:
+        return self._public_pem
+
+    def measure_model(self, model_sha256: bytes, pcr: int = MODEL_PCR) -> bytes:
+        """Extend the model hash into a PCR; returns the new PCR value."""
+        t = _tss()
+        digests = t.TPML_DIGEST_VALUES([t.TPMT_HA(hashAlg=t.TPM2_ALG.SHA256, digest=t.TPMU_HA(sha256=model_sha256))])
+        with self._lock:
+            self._esapi.pcr_extend(getattr(t.ESYS_TR, f"PCR{pcr}"), digests)
+            _, _, values = self._esapi.pcr_read(t.TPML_PCR_SELECTION.parse(f"sha256:{pcr}"))
+            return bytes(values.digests[0])
+
+    def sign_command(self, cmd: Command) -> bytes:
+        t = _tss()
+        unsigned = encode_unsigned(cmd, self.algorithm, self.key_id)
+        digest = hashlib.sha256(unsigned).digest()
+        with self._lock:
+            try:
+                sig = self._esapi.sign(self._key, t.TPM2B_DIGEST(digest), self._scheme, self._ticket)
+            except t.TSS2_Exception as exc:
+                raise TpmError(f"TPM2_Sign with key 0x{self.key_handle:08x} through {self.tcti!r} failed: {exc}") from exc
+        r = int.from_bytes(bytes(sig.signature.ecdsa.signatureR), "big")
+        s = int.from_bytes(bytes(sig.signature.ecdsa.signatureS), "big")
+        return attach_signature(unsigned, encode_dss_signature(r, s))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._esapi is not None:
+                self._esapi.close()
+                self._esapi = None

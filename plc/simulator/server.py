@@ -1,0 +1,217 @@
+"""The rolling-mill PLC simulator: an asyncua server, a UADP publisher and the stand's physics.
+
+It behaves like the PLC sitsd talks to: sensor frames leave as UADP over UDP at a fixed rate
+(and as an OPC UA variable for subscription-based setups); the roll-gap command arrives as a
+signed envelope written to a ByteString variable. Every command is checked by the injected
+verifier (signature, model hash, sequence) before it touches the physics; a rejected write
+gets a Bad status and is counted. Without a valid command for `command_timeout_s` the stand
+falls back to its safe setpoint (nominal gap). A twin stand sees the same disturbances with
+no commands at all, which gives the open-loop reference error of the same run.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import numpy as np
+from asyncua import Server, ua
+
+from ..uadp import FixedLayout, UadpMessage
+from ..udp import UdpPublisher
+from .physics import SIGNALS, DisturbanceSequence, MillParameters, Stand
+
+NAMESPACE_URI = "urn:sits2026:plc-simulator"
+COMMAND_NODE = "RollingMill.RollGapCommand"
+
+# verify(envelope bytes) -> (sequence, values, failsafe); raises with a reason on rejection.
+CommandVerifier = Callable[[bytes], tuple[int, Sequence[float], bool]]
+
+
+class CommandRejected(Exception):
+    def __init__(self, reason: str, code: str = "rejected") -> None:
+        super().__init__(reason)
+        self.code = code
+
+
+@dataclass
+class SimulatorSettings:
+    udp_url: str
+    interface: str = "127.0.0.1"
+    rate_hz: float = 100.0
+    seed: int = 1
+    publisher_id: int = 7
+    writer_group_id: int = 1
+    writer_id: int = 1
+    command_timeout_s: float = 0.1
+    host: str = "127.0.0.1"
+    port: int = 0
+    publish_opcua_frames: bool = False
+
+
+class RollingMillSimulator:
+    def __init__(self, settings: SimulatorSettings, verifier: CommandVerifier,
+                 params: MillParameters | None = None) -> None:
+        self.s = settings
+        self.p = params or MillParameters()
+        self.verify = verifier
+        dt = 1.0 / settings.rate_hz
+        self.dt = dt
+        self._disturbances = DisturbanceSequence(self.p, settings.seed, dt)
+        self.closed = Stand(self.p, dt)
+        self.open = Stand(self.p, dt)
+        self._layout = FixedLayout(len(SIGNALS))
+        self._lock = threading.Lock()
+        self._setpoint = 0.0
+        self._last_command_mono = 0.0
+        self._in_fallback = True
+        self.steps = 0
+        self.accepted = 0
+        self.failsafe_commands = 0
+        self.rejected = 0
+        self.reject_reasons: Counter[str] = Counter()
+        self.last_reject = ""
+        self.fallbacks = 0
+        self._err_closed = 0.0
+        self._err_open = 0.0
+        self._err_steps = 0
+        self._stop = threading.Event()
+        self.server: Server | None = None
+        self.endpoint = ""
+        self._frame_node = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- OPC UA side -------------------------------------------------------------------------
+    async def start(self) -> None:
+        logging.getLogger("asyncua").setLevel(logging.CRITICAL)
+        server = Server()
+        await server.init()
+        server.set_endpoint(f"opc.tcp://{self.s.host}:{self.s.port}/sits/plcsim")
+        server.set_server_name("sits2026 rolling-mill PLC simulator")
+        server.set_security_policy([ua.SecurityPolicyType.NoSecurity])
+        idx = await server.register_namespace(NAMESPACE_URI)
+        mill = await server.nodes.objects.add_object(ua.NodeId("RollingMill", idx), "RollingMill")
+        self._signal_nodes = []
+        for name in SIGNALS:
+            node = await mill.add_variable(ua.NodeId(f"RollingMill.{name}", idx), name, 0.0, ua.VariantType.Double)
+            self._signal_nodes.append(node)
+        self._frame_node = await mill.add_variable(
+            ua.NodeId("RollingMill.SensorFrame", idx), "SensorFrame", [0.0] * len(SIGNALS), ua.VariantType.Double)
+        cmd = await mill.add_variable(ua.NodeId(COMMAND_NODE, idx), "RollGapCommand", b"", ua.VariantType.ByteString)
+        await cmd.set_writable()
+        server.set_attribute_value_setter(cmd.nodeid, self._on_command_write)
+        await server.start()
+        self.server = server
+        self.endpoint = f"opc.tcp://{self.s.host}:{server.bserver.port}/sits/plcsim"
+        self.namespace_index = idx
+        self._loop = asyncio.get_running_loop()
+
+    def _on_command_write(self, node_data, attr, datavalue: ua.DataValue) -> None:
+        """asyncua calls this on the server's loop for every write to RollGapCommand."""
+        payload = datavalue.Value.Value if datavalue.Value is not None else None
+        try:
+            if not isinstance(payload, (bytes, bytearray)):
+                raise CommandRejected(f"command must be a ByteString envelope, got {type(payload).__name__}",
+                                      "malformed")
+            try:
+                _seq, values, failsafe = self.verify(bytes(payload))
+            except CommandRejected:
+                raise
+            except Exception as exc:  # the verifier's own error type carries the reason
+                raise CommandRejected(str(exc), getattr(exc, "code", "rejected")) from exc
+            if len(values) != 1 or not np.isfinite(values[0]):
+                raise CommandRejected(f"roll-gap command needs one finite value, got {list(values)}", "malformed")
+        except CommandRejected as exc:
+            self.rejected += 1
+            self.reject_reasons[exc.code] += 1
+            self.last_reject = str(exc)
+            raise ua.UaStatusCodeError(ua.StatusCodes.BadSecurityChecksFailed) from exc
+        with self._lock:
+            self._setpoint = float(values[0])
+            self._last_command_mono = time.monotonic()
+            self._in_fallback = False
+            self.accepted += 1
+            self.failsafe_commands += bool(failsafe)
+        node_data.attributes[attr].value = datavalue
+
+    # -- physics and publishing -------------------------------------------------------------------
+    def run_publisher(self, duration_s: float | None = None) -> None:
+        """Steps the physics and publishes one frame per tick until stop() (call on its own thread)."""
+        publisher = UdpPublisher(self.s.udp_url, self.s.interface)
+        reading = np.zeros(len(SIGNALS))
+        next_tick = time.monotonic()
+        end = None if duration_s is None else next_tick + duration_s
+        net_seq = 0
+        try:
+            while not self._stop.is_set() and (end is None or next_tick < end):
+                self._step(reading)
+                net_seq += 1
+                msg = UadpMessage(self.s.publisher_id, self.s.writer_group_id, self.s.writer_id,
+                                  net_seq, net_seq, time.time_ns(), tuple(reading.tolist()))
+                publisher.send(self._layout.encode(msg))
+                if self._loop is not None and (self.s.publish_opcua_frames or net_seq % 10 == 0):
+                    self._loop.call_soon_threadsafe(self._publish_opcua, reading.tolist(), msg.timestamp_ns)
+                next_tick += self.dt
+                delay = next_tick - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                elif delay < -0.5:  # far behind (suspended): resynchronise instead of bursting
+                    next_tick = time.monotonic()
+        finally:
+            publisher.close()
+
+    def _step(self, reading: np.ndarray) -> None:
+        d = self._disturbances.next()
+        with self._lock:
+            if not self._in_fallback and time.monotonic() - self._last_command_mono > self.s.command_timeout_s:
+                self._in_fallback = True
+                self.fallbacks += 1
+            setpoint = 0.0 if self._in_fallback else self._setpoint
+            self.closed.step(setpoint, d)
+            self.open.step(0.0, d)
+            self.steps += 1
+            if self.accepted:
+                self._err_closed += abs(self.closed.exit - self.p.exit_target)
+                self._err_open += abs(self.open.exit - self.p.exit_target)
+                self._err_steps += 1
+        self.closed.measure(d, reading)
+
+    def _publish_opcua(self, values: list[float], sent_ns: int) -> None:
+        if self.server is None:
+            return
+        stamp = datetime.fromtimestamp(sent_ns / 1e9, tz=timezone.utc)
+        dv = ua.DataValue(ua.Variant(values, ua.VariantType.Double), SourceTimestamp=stamp)
+        self._loop.create_task(self.server.write_attribute_value(self._frame_node.nodeid, dv))
+        for node, v in zip(self._signal_nodes, values):
+            self._loop.create_task(self.server.write_attribute_value(
+                node.nodeid, ua.DataValue(ua.Variant(v, ua.VariantType.Double))))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def close(self) -> None:
+        self.stop()
+        if self.server is not None:
+            await self.server.stop()
+            self.server = None
+
+    def stats(self) -> dict:
+        with self._lock:
+            n = max(self._err_steps, 1)
+            return {
+                "steps": self.steps,
+                "accepted": self.accepted,
+                "failsafe_commands": self.failsafe_commands,
+                "rejected": self.rejected,
+                "reject_reasons": dict(self.reject_reasons),
+                "last_reject": self.last_reject,
+                "fallbacks": self.fallbacks,
+                "compared_steps": self._err_steps,
+                "thickness_error_um": {"closed_loop": self._err_closed / n * 1000.0,
+                                       "open_loop": self._err_open / n * 1000.0},
+            }

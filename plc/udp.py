@@ -1,0 +1,140 @@
+"""UADP over UDP (opc.udp://host:port): a receiving source with kernel RX timestamps and a publisher.
+
+Multicast groups are joined on the configured interface address; unicast works too.
+RX stamps come from SO_TIMESTAMPING: the NIC's hardware stamp when present, the kernel's
+software stamp otherwise, and a user-space clock read only when the kernel gave none.
+"""
+from __future__ import annotations
+
+import ipaddress
+import socket
+import struct
+import time
+from urllib.parse import urlparse
+
+import numpy as np
+
+from .errors import TransportError, UadpDecodeError
+from .frame import Frame, RxStampSource
+from .uadp import FixedLayout
+
+SO_TIMESTAMPING = 37
+SOF_TIMESTAMPING_RX_HARDWARE = 1 << 2
+SOF_TIMESTAMPING_RX_SOFTWARE = 1 << 3
+SOF_TIMESTAMPING_SOFTWARE = 1 << 4
+SOF_TIMESTAMPING_RAW_HARDWARE = 1 << 6
+_RX_FLAGS = (SOF_TIMESTAMPING_RX_HARDWARE | SOF_TIMESTAMPING_RX_SOFTWARE
+             | SOF_TIMESTAMPING_SOFTWARE | SOF_TIMESTAMPING_RAW_HARDWARE)
+_SCM_TIMESTAMPING = struct.Struct("<qqqqqq")  # struct scm_timestamping { timespec ts[3]; }
+
+
+def parse_udp_url(url: str) -> tuple[str, int]:
+    """`opc.udp://239.0.0.1:4840` -> ("239.0.0.1", 4840), with a message that says what is wrong."""
+    parsed = urlparse(url)
+    if parsed.scheme != "opc.udp":
+        raise TransportError(f"{url!r}: UADP over UDP needs an opc.udp:// URL, e.g. opc.udp://239.0.0.1:4840")
+    if not parsed.hostname:
+        raise TransportError(f"{url!r}: no host; write opc.udp://<IPv4 address>:<port>")
+    try:
+        ipaddress.IPv4Address(parsed.hostname)
+    except ValueError:
+        raise TransportError(f"{url!r}: host must be an IPv4 address (multicast 224.0.0.0/4 or unicast)") from None
+    try:
+        port = parsed.port or 4840
+    except ValueError:
+        raise TransportError(f"{url!r}: port is not a number in 1..65535") from None
+    return parsed.hostname, port
+
+
+def rx_stamp_from_cmsg(ancdata: list[tuple[int, int, bytes]]) -> tuple[int, RxStampSource]:
+    """Pick the RX timestamp from recvmsg ancillary data: hardware first, then software."""
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING and len(data) >= _SCM_TIMESTAMPING.size:
+            sw_s, sw_ns, _, _, hw_s, hw_ns = _SCM_TIMESTAMPING.unpack_from(data)
+            if hw_s or hw_ns:
+                return hw_s * 1_000_000_000 + hw_ns, RxStampSource.HARDWARE
+            if sw_s or sw_ns:
+                return sw_s * 1_000_000_000 + sw_ns, RxStampSource.SOFTWARE
+    return time.time_ns(), RxStampSource.USER
+
+
+class UdpFrameSource:
+    """Reads UADP messages of one fixed layout from a UDP socket on the calling thread."""
+
+    def __init__(self, url: str, layout: FixedLayout, interface: str = "0.0.0.0",
+                 publisher_id: int | None = None, writer_id: int | None = None) -> None:
+        self.url = url
+        self.layout = layout
+        self._publisher_id = publisher_id
+        self._writer_id = writer_id
+        host, port = parse_udp_url(url)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            is_multicast = ipaddress.IPv4Address(host).is_multicast
+            sock.bind((host, port))
+            if is_multicast:
+                mreq = socket.inet_aton(host) + socket.inet_aton(interface)
+                sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, mreq)
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, _RX_FLAGS)
+        except OSError as exc:
+            sock.close()
+            raise TransportError(f"{url}: cannot open UDP receiver on interface {interface}: {exc}") from exc
+        self._sock = sock
+        self.port = sock.getsockname()[1]
+        self._buffer = bytearray(65536)
+        self._view = memoryview(self._buffer)
+        self._values = np.zeros(layout.field_count, dtype=np.float64)
+        self.malformed = 0
+        self.foreign = 0
+        self.last_error: UadpDecodeError | None = None
+
+    def receive(self, timeout_s: float) -> Frame | None:
+        """Next frame, or None after `timeout_s` without one. `Frame.values` is reused by the next call.
+
+        Malformed messages and messages from other publishers are counted and skipped;
+        nothing raises out of here except a closed socket.
+        """
+        self._sock.settimeout(timeout_s)
+        while True:
+            try:
+                nbytes, ancdata, _flags, _addr = self._sock.recvmsg_into([self._buffer], 256)
+            except (TimeoutError, BlockingIOError):
+                return None
+            rx_ns, source = rx_stamp_from_cmsg(ancdata)
+            try:
+                publisher_id, _group, writer_id, _net_seq, ds_seq, sent_ns = self.layout.decode_into(
+                    self._view[:nbytes], self._values)
+            except UadpDecodeError as exc:
+                self.malformed += 1
+                self.last_error = exc
+                continue
+            if (self._publisher_id is not None and publisher_id != self._publisher_id) or (
+                    self._writer_id is not None and writer_id != self._writer_id):
+                self.foreign += 1
+                continue
+            return Frame(publisher_id, writer_id, ds_seq, sent_ns, rx_ns, source, self._values)
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class UdpPublisher:
+    """Sends UADP messages to a UDP unicast or multicast address (the simulator's side)."""
+
+    def __init__(self, url: str, interface: str = "127.0.0.1", ttl: int = 1) -> None:
+        host, port = parse_udp_url(url)
+        self.address = (host, port)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        if ipaddress.IPv4Address(host).is_multicast:
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(interface))
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, ttl)
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 0xA0)  # DSCP CS5: real-time control traffic
+        self._sock = sock
+
+    def send(self, payload: bytes) -> None:
+        self._sock.sendto(payload, self.address)
+
+    def close(self) -> None:
+        self._sock.close()

@@ -1,0 +1,3 @@
+from .daemon_main import main
+
+raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""Append-only audit log of acknowledged commands, as a SHA-256 hash chain of JSON lines.
+
+Written by the I/O thread after the PLC acknowledged a write. Each record carries the hash of
+the previous one, so deleting, reordering or editing a record breaks `verify_chain`. Records are
+flushed at once and fsynced at most once a second.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+GENESIS = "0" * 64
+
+
+class AuditLog:
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o750)
+        self.path = self.directory / f"commands-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}.jsonl"
+        self._fh = open(self.path, "a", encoding="utf-8")
+        self._prev = GENESIS
+        self._last_sync = time.monotonic()
+        self.records = 0
+
+    def append(self, record: dict) -> str:
+        body = dict(record, prev=self._prev)
+        line = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        digest = hashlib.sha256(line.encode()).hexdigest()
+        self._fh.write(json.dumps({"hash": digest, "record": body}, sort_keys=True, separators=(",", ":")) + "\n")
+        self._fh.flush()
+        self._prev = digest
+        self.records += 1
+        now = time.monotonic()
+        if now - self._last_sync > 1.0:
+            os.fsync(self._fh.fileno())
+            self._last_sync = now
+        return digest
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._fh.close()
+
+
+def verify_chain(path: str | os.PathLike) -> int:
+    """Check every link of an audit file; returns the record count or raises ValueError with the line."""
+    prev = GENESIS
+    count = 0
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            entry = json.loads(line)
+            body = entry["record"]
+            if body.get("prev") != prev:
+                raise ValueError(f"{path}:{lineno}: chain broken (prev {body.get('prev')!s:.16}, expected {prev:.16})")
+            digest = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+            if digest != entry["hash"]:
+                raise ValueError(f"{path}:{lineno}: record was modified (hash mismatch)")
+            prev = digest
+            count += 1
+    return count

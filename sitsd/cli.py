@@ -1,0 +1,139 @@
+"""sitsctl: run the demo, ask a running sitsd for its status, check a config, run the PLC simulator."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from .errors import SitsError
+
+EPILOG = """examples:
+  sitsctl demo --seconds 10            closed loop against the built-in PLC simulator
+  sitsctl demo --seconds 10 --json     ... and a JSON summary as the last line of stdout
+  sitsctl status --config rolling-mill.yaml
+  sitsctl check-config --config rolling-mill.yaml
+  sitsctl plcsim --trust-key /var/lib/sitsd/audit/signer.pub.pem
+"""
+
+
+def parse_overrides(items: list[str]) -> dict:
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise SystemExit(f"--set {item!r}: expected FIELD=VALUE, e.g. --set attestation.mode=software")
+        key, value = item.split("=", 1)
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def _cmd_demo(args) -> int:
+    from .demo import human_summary, run_demo
+
+    result = run_demo(seconds=args.seconds, config_path=args.config, force_software=args.software,
+                      seed=args.seed, rate_hz=args.rate)
+    print(human_summary(result))
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+def _socket_path(args) -> Path:
+    if args.socket:
+        return Path(args.socket)
+    from .config import load_config
+
+    return Path(load_config(args.config, parse_overrides(args.set)).control.socket)
+
+
+def _cmd_status(args) -> int:
+    from .control import request
+
+    answer = request(_socket_path(args), "status")
+    answer.pop("ok", None)
+    if args.json:
+        print(json.dumps(answer))
+        return 0
+    c, lat = answer["counters"], answer["latency_us"]
+    print(f"sitsd {answer['line']}: {answer['state']}, up {answer['uptime_s']} s")
+    print(f"  model   {answer['model']} (sha256 {answer['model_sha256']})")
+    print(f"  signer  {answer['signer']} (key id {answer['key_id']})")
+    print(f"  PLC     {answer['plc']}")
+    print(f"  frames {c['frames']}  commands {c['commands']}  dropped {c['dropped']}  fail-safe {c['failsafe']}  "
+          f"deadline missed {c['deadline_missed']}  expired {c['expired']}  write errors {c['write_errors']}")
+    print(f"  latency p50 {lat['p50'] / 1000:.2f} ms  p99 {lat['p99'] / 1000:.2f} ms  max {lat['max'] / 1000:.2f} ms")
+    if answer["alerts"]:
+        print("  alerts  " + ", ".join(f"{k} {v}" for k, v in answer["alerts"].items()))
+    return 0
+
+
+def _cmd_check_config(args) -> int:
+    from .config import load_config
+
+    cfg = load_config(args.config, parse_overrides(args.set))
+    print(f"{args.config}: OK ({len(cfg.signals)} signals, {len(cfg.constraints)} constraints, "
+          f"model {cfg.model.artifact}, PLC {cfg.plc.endpoint}, attestation {cfg.attestation.mode})")
+    return 0
+
+
+def _cmd_plcsim(args) -> int:
+    from .plcsim import main as plcsim_main
+
+    return plcsim_main(args.rest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="sitsctl", description="Control and inspect sits2026 (sitsd).",
+                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = sub.add_parser("demo", help="run the closed loop against the built-in PLC simulator",
+                          description="Starts swtpm (if installed), the rolling-mill PLC simulator and sitsd, runs "
+                          "the closed loop, prints progress each second and a summary at the end. The simulator "
+                          "verifies every signed command; its twin plant without commands gives the open-loop error.")
+    demo.add_argument("--seconds", type=float, default=20.0, help="how long to run (default 20)")
+    demo.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last line")
+    demo.add_argument("--config", type=Path, default=None, help="config to run (default examples/rolling-mill.yaml)")
+    demo.add_argument("--software", action="store_true", help="use a software key even if swtpm is installed")
+    demo.add_argument("--seed", type=int, default=1, help="disturbance sequence seed (default 1)")
+    demo.add_argument("--rate", type=float, default=100.0, help="sensor frames per second (default 100)")
+    demo.set_defaults(func=_cmd_demo)
+
+    status = sub.add_parser("status", help="ask a running sitsd for uptime, model, signer, counters, latency")
+    status.add_argument("--config", type=Path, default=Path("/etc/sitsd/sitsd.yaml"),
+                        help="the daemon's config, to find its control socket")
+    status.add_argument("--socket", default=None, help="control socket path (instead of --config)")
+    status.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
+    status.add_argument("--json", action="store_true", help="print the raw status JSON")
+    status.set_defaults(func=_cmd_status)
+
+    check = sub.add_parser("check-config", help="validate a config file and exit")
+    check.add_argument("--config", type=Path, required=True)
+    check.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
+    check.set_defaults(func=_cmd_check_config)
+
+    plcsim = sub.add_parser("plcsim", help="run the rolling-mill PLC simulator (see sitsctl plcsim -- --help)",
+                            add_help=False)
+    plcsim.add_argument("rest", nargs=argparse.REMAINDER)
+    plcsim.set_defaults(func=_cmd_plcsim)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from .log import configure
+
+    configure("warning")
+    try:
+        return args.func(args)
+    except SitsError as exc:
+        print(f"sitsctl: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

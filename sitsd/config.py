@@ -1,0 +1,273 @@
+"""The config schema and its one loader: YAML in, frozen typed objects out.
+
+Errors name the file, the field (dotted path) and its line, and say what is expected.
+Relative paths in the file are resolved against the file's directory.
+"""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+
+_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Signal(_Section):
+    name: str = Field(pattern=_NAME)
+    unit: str
+    min: float
+    max: float
+    max_rate: float | None = Field(default=None, gt=0, description="largest change per second")
+
+    @model_validator(mode="after")
+    def _range(self):
+        if not self.min < self.max:
+            raise ValueError(f"min ({self.min}) must be below max ({self.max})")
+        return self
+
+
+class LinearConstraint(_Section):
+    """sum(coefficients[s] * s) <= max, over named signals."""
+
+    name: str = Field(pattern=_NAME)
+    coefficients: dict[str, float] = Field(min_length=1)
+    max: float
+
+
+class Module(_Section):
+    name: str = Field(pattern=_NAME)
+    path: Path
+    stage: Literal["pre", "post"]
+
+
+class ModelSection(_Section):
+    artifact: Path
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    inputs: list[str] = Field(min_length=1)
+    outputs: list[str] = Field(min_length=1)
+
+
+class PlcSection(_Section):
+    endpoint: str = Field(pattern=r"^opc\.tcp://")
+    profile: Literal["simulator", "s7-1500", "controllogix", "melsec-iq-r"]
+    command_node: str = Field(description="NodeId of the ByteString command variable: ns=<i>;s=... or nsu=<uri>;s=...")
+    security: Literal["none"] = "none"
+    timeout_s: float = Field(default=4.0, gt=0)
+
+    @field_validator("command_node")
+    @classmethod
+    def _node_id(cls, v: str) -> str:
+        if not re.match(r"^(ns=\d+|nsu=[^;]+);[sigb]=.+$", v):
+            raise ValueError("expected a NodeId string such as ns=2;s=Line.RollGapCommand "
+                             "or nsu=urn:plant:line;s=RollGapCommand")
+        return v
+
+
+class TransportSection(_Section):
+    kind: Literal["uadp-udp"]
+    url: str = Field(pattern=r"^opc\.udp://")
+    interface: str = "0.0.0.0"
+    publisher_id: int = Field(ge=0, le=0xFFFF)
+    writer_group_id: int = Field(ge=0, le=0xFFFF)
+    dataset_writer_id: int = Field(ge=0, le=0xFFFF)
+
+
+class TimingSection(_Section):
+    cycle_ms: float = Field(gt=0)
+    deadline_ms: float = Field(gt=0, description="budget from the PLC's send time to the command leaving")
+    max_transit_ms: float = Field(gt=0)
+    max_future_ms: float = Field(default=1.0, ge=0)
+    max_consecutive_drops: int = Field(default=5, ge=1)
+
+
+class Actuator(_Section):
+    output: str
+    min: float
+    max: float
+    max_rate: float | None = Field(default=None, gt=0, description="largest change per second")
+    failsafe: float
+
+    @model_validator(mode="after")
+    def _range(self):
+        if not self.min < self.max:
+            raise ValueError(f"min ({self.min}) must be below max ({self.max})")
+        if not self.min <= self.failsafe <= self.max:
+            raise ValueError(f"failsafe {self.failsafe} lies outside [{self.min}, {self.max}]")
+        return self
+
+
+class SafetySection(_Section):
+    actuators: list[Actuator] = Field(min_length=1)
+
+
+class AttestationSection(_Section):
+    mode: Literal["tpm2", "software"]
+    tcti: str | None = None
+    key_handle: int = Field(default=0x81000001, ge=0x81000000, le=0x81FFFFFF)
+
+    @model_validator(mode="after")
+    def _tcti(self):
+        if self.mode == "tpm2" and not self.tcti:
+            raise ValueError("mode tpm2 needs tcti: device:/dev/tpmrm0 for a real TPM, swtpm:path=<socket> for swtpm")
+        return self
+
+
+class AuditSection(_Section):
+    directory: Path
+
+
+class ControlSection(_Section):
+    socket: Path
+
+
+class LoggingSection(_Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class Config(_Section):
+    version: Literal[1]
+    line: str
+    signals: list[Signal] = Field(min_length=1)
+    constraints: list[LinearConstraint] = []
+    model: ModelSection
+    modules: list[Module] = []
+    plc: PlcSection
+    transport: TransportSection
+    timing: TimingSection
+    safety: SafetySection
+    attestation: AttestationSection
+    audit: AuditSection
+    control: ControlSection
+    logging: LoggingSection = LoggingSection()
+
+    @property
+    def signal_names(self) -> list[str]:
+        return [s.name for s in self.signals]
+
+
+def _cross_checks(cfg: Config) -> list[tuple[tuple, str]]:
+    """Problems that span sections: (location, reason)."""
+    problems = []
+    names = cfg.signal_names
+    for i, s in enumerate(cfg.signals):
+        if names.index(s.name) != i:
+            problems.append((("signals", i, "name"), f"signal {s.name!r} is declared twice"))
+    for i, name in enumerate(cfg.model.inputs):
+        if name not in names:
+            problems.append((("model", "inputs", i), f"{name!r} is not a declared signal; declared: {', '.join(names)}"))
+    for i, c in enumerate(cfg.constraints):
+        for sig in c.coefficients:
+            if sig not in names:
+                problems.append((("constraints", i, "coefficients", sig), f"{sig!r} is not a declared signal"))
+    outputs = {a.output for a in cfg.safety.actuators}
+    for i, out in enumerate(cfg.model.outputs):
+        if out not in outputs:
+            problems.append((("model", "outputs", i),
+                             f"model output {out!r} has no safety.actuators entry; every output needs limits"))
+    for i, a in enumerate(cfg.safety.actuators):
+        if a.output not in cfg.model.outputs:
+            problems.append((("safety", "actuators", i, "output"), f"{a.output!r} is not one of model.outputs"))
+    if cfg.timing.deadline_ms > 10 * cfg.timing.cycle_ms:
+        problems.append((("timing", "deadline_ms"), "deadline is more than 10 cycles; commands would act on stale data"))
+    if cfg.modules:
+        problems.append((("modules",), "WASM modules are not supported by this build yet; leave the list empty"))
+    for i, s in enumerate(cfg.signals):
+        if not (math.isfinite(s.min) and math.isfinite(s.max)):
+            problems.append((("signals", i), "min and max must be finite"))
+    return problems
+
+
+def _line_of(root: yaml.Node | None, loc: tuple) -> int | None:
+    """The 1-based line of the YAML node at `loc`, or of its deepest existing parent."""
+    node, line = root, (root.start_mark.line + 1 if root is not None else None)
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if k.value == str(key):
+                    node, line = v, k.start_mark.line + 1
+                    break
+            else:
+                return line
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
+
+
+def _dotted(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _resolve_paths(data: dict, base: Path) -> None:
+    def fix(section: dict | None, key: str) -> None:
+        if isinstance(section, dict) and isinstance(section.get(key), str):
+            p = Path(section[key]).expanduser()
+            section[key] = str(p if p.is_absolute() else (base / p))
+
+    fix(data.get("model"), "artifact")
+    fix(data.get("audit"), "directory")
+    fix(data.get("control"), "socket")
+    for m in data.get("modules") or []:
+        fix(m, "path")
+
+
+def load_config(path: str | Path, overrides: dict | None = None) -> Config:
+    """Load and validate a config file. `overrides` maps dotted fields to values (e.g. from the CLI)."""
+    path = Path(path)
+    file = str(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(file, [("", None, "file not found; pass --config with the path to a sitsd YAML config "
+                                            "(see examples/rolling-mill.yaml)")]) from None
+    except OSError as exc:
+        raise ConfigError(file, [("", None, f"cannot read: {exc.strerror}")]) from None
+    try:
+        root = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark else None
+        reason = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(file, [("", line, f"not valid YAML: {reason}")]) from None
+    if not isinstance(data, dict):
+        raise ConfigError(file, [("", 1, "expected a mapping of sections (version, line, signals, model, ...)")])
+    for dotted, value in (overrides or {}).items():
+        section = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            section = section.setdefault(p, {})
+        section[leaf] = value
+    _resolve_paths(data, path.resolve().parent)
+    try:
+        cfg = Config.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown field (check the spelling; see examples/rolling-mill.yaml)"
+            elif err["type"] == "missing":
+                msg = "required field is missing"
+            problems.append((_dotted(loc), _line_of(root, loc), msg))
+        raise ConfigError(file, problems) from None
+    problems = _cross_checks(cfg)
+    if problems:
+        raise ConfigError(file, [(_dotted(loc), _line_of(root, loc), reason) for loc, reason in problems])
+    return cfg

@@ -1,0 +1,350 @@
+"""The daemon: builds the loop from a Config, runs the I/O thread (asyncio), and reports.
+
+Threads: the caller's thread runs `serve()` (asyncio: the OPC UA session, command writes, the
+control socket, sd_notify and logging); `ControlLoop` runs the fast path on its own thread.
+Work crosses from the loop to the I/O thread through `call_soon_threadsafe` into a bounded queue.
+"""
+from __future__ import annotations
+
+import asyncio
+import statistics
+import threading
+import time
+from collections import Counter, deque
+from pathlib import Path
+
+from asyncua import Client, ua
+
+from attestation.envelope import Command, EnvelopeVerifier
+from attestation.errors import AttestationError
+from attestation.signers import SoftwareSigner
+from ep.errors import ModelLoadError
+from ep.session import ModelRunner
+from plc.errors import TransportError
+from plc.uadp import FixedLayout
+from plc.udp import UdpFrameSource
+
+from . import control
+from .audit import AuditLog
+from .config import Config
+from .errors import StartupError
+from .gates import ConstraintGate, SafetyEnvelope, TimestampGate
+from .log import get_logger
+from .notify import Notifier
+from .pipeline import ControlLoop, Counters, Outgoing
+from .stats import STAGE_INDEX, TimingRing
+
+QUEUE_DEPTH = 8
+PUBKEY_FILE = "signer.pub.pem"
+
+
+def make_signer(cfg: Config):
+    """The signer the config asks for; a TPM that cannot be reached is an error, never a silent downgrade."""
+    if cfg.attestation.mode == "software":
+        return SoftwareSigner()
+    from attestation.tpm import TpmSigner
+
+    try:
+        return TpmSigner(cfg.attestation.tcti, cfg.attestation.key_handle)
+    except AttestationError as exc:
+        raise StartupError(f"{exc}\n  fix: check attestation.tcti, that the daemon user may open the TPM "
+                           f"(group tss), or set attestation.mode: software for development") from exc
+
+
+class Daemon:
+    def __init__(self, cfg: Config, *, signer=None, notifier: Notifier | None = None) -> None:
+        self.cfg = cfg
+        self.signer = signer
+        self.notifier = notifier or Notifier()
+        self.log = get_logger("sitsd")
+        self.counters = Counters()
+        self.timings = TimingRing()
+        self.alerts: deque = deque(maxlen=4096)
+        self.alert_counts: Counter[str] = Counter()
+        self.last_alerts: deque = deque(maxlen=20)
+        self.state = "starting"
+        self.ready = threading.Event()
+        self.startup_error: BaseException | None = None
+        self.exit_code = 0
+        self.loop: ControlLoop | None = None
+        self.model: ModelRunner | None = None
+        self.source: UdpFrameSource | None = None
+        self.audit: AuditLog | None = None
+        self._client: Client | None = None
+        self._command_node = None
+        self._aio: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._queue: asyncio.Queue | None = None
+        self._started = time.monotonic()
+        self._own_signer = signer is None
+
+    # -- startup ------------------------------------------------------------------------------
+    def _build(self) -> None:
+        cfg = self.cfg
+        names = cfg.signal_names
+        try:
+            self.model = ModelRunner(cfg.model.artifact, len(cfg.model.inputs), len(cfg.model.outputs))
+        except ModelLoadError as exc:
+            raise StartupError(str(exc)) from exc
+        if cfg.model.sha256 and self.model.sha256.hex() != cfg.model.sha256:
+            raise StartupError(f"model {cfg.model.artifact}: SHA-256 {self.model.sha256.hex()} differs from "
+                               f"model.sha256 {cfg.model.sha256} pinned in the config")
+        if self.signer is None:
+            self.signer = make_signer(cfg)
+        if self.signer.kind == "software":
+            self.log.warning("software signing key", detail="commands are signed with an Ed25519 key in process "
+                             "memory, not anchored in a TPM; use attestation.mode: tpm2 in production")
+        elif hasattr(self.signer, "measure_model"):
+            pcr = self.signer.measure_model(self.model.sha256)
+            self.log.info("model measured into TPM", pcr=16, value=pcr.hex())
+        sign_budget_ns = self._signer_self_test()
+        audit_dir = Path(cfg.audit.directory)
+        audit_dir.mkdir(parents=True, exist_ok=True)
+        (audit_dir / PUBKEY_FILE).write_bytes(self.signer.public_key_pem())
+        try:
+            self.source = UdpFrameSource(cfg.transport.url, FixedLayout(len(names)), cfg.transport.interface,
+                                         cfg.transport.publisher_id, cfg.transport.dataset_writer_id)
+        except TransportError as exc:
+            raise StartupError(str(exc)) from exc
+        self.loop = ControlLoop(
+            source=self.source,
+            timestamp_gate=TimestampGate(int(cfg.timing.max_transit_ms * 1e6), int(cfg.timing.max_future_ms * 1e6)),
+            constraint_gate=ConstraintGate(cfg.signals, cfg.constraints),
+            model=self.model,
+            input_index=[names.index(n) for n in cfg.model.inputs],
+            safety=SafetyEnvelope(cfg.safety.actuators, cfg.model.outputs),
+            signer=self.signer, submit=self._submit_threadsafe, target=cfg.plc.command_node,
+            deadline_ns=int(cfg.timing.deadline_ms * 1e6), sign_budget_ns=sign_budget_ns,
+            max_consecutive_drops=cfg.timing.max_consecutive_drops,
+            timings=self.timings, counters=self.counters, alerts=self.alerts)
+
+    def _signer_self_test(self) -> int:
+        """Sign and verify a few commands; returns the signing budget used by the deadline check."""
+        verifier = EnvelopeVerifier(self.signer.public_key_pem(), self.model.sha256)
+        times = []
+        for i in range(5):
+            cmd = Command("self-test", (0.0,), i, 0, time.time_ns(), 0, self.model.sha256, True)
+            t0 = time.perf_counter_ns()
+            try:
+                envelope = self.signer.sign_command(cmd)
+            except AttestationError as exc:
+                raise StartupError(f"signer self-test failed: {exc}") from exc
+            times.append(time.perf_counter_ns() - t0)
+            verifier.verify(envelope)
+        return int(2 * statistics.median(times)) + 100_000
+
+    async def _connect_plc(self) -> None:
+        p = self.cfg.plc
+        client = Client(p.endpoint, timeout=p.timeout_s)
+        try:
+            await client.connect()
+        except (OSError, asyncio.TimeoutError, ua.UaError) as exc:
+            raise StartupError(f"cannot connect to the PLC at {p.endpoint}: {exc or type(exc).__name__}\n"
+                               f"  fix: check plc.endpoint and that the PLC's OPC UA server is running") from exc
+        try:
+            node_text = p.command_node
+            if node_text.startswith("nsu="):
+                uri, rest = node_text[4:].split(";", 1)
+                try:
+                    idx = await client.get_namespace_index(uri)
+                except ValueError:
+                    raise StartupError(f"plc.command_node: the PLC has no namespace {uri!r}") from None
+                node_text = f"ns={idx};{rest}"
+            node = client.get_node(ua.NodeId.from_string(node_text))
+            try:
+                vtype = await node.read_data_type_as_variant_type()
+            except ua.UaStatusCodeError as exc:
+                raise StartupError(f"plc.command_node {p.command_node}: not found on the PLC ({exc})") from exc
+            if vtype != ua.VariantType.ByteString:
+                raise StartupError(f"plc.command_node {p.command_node}: is {vtype.name}, expected ByteString "
+                                   f"(the command envelope)")
+        except BaseException:
+            await client.disconnect()
+            raise
+        self._client, self._command_node = client, node
+
+    # -- the I/O thread ----------------------------------------------------------------------------
+    def _submit_threadsafe(self, item: Outgoing) -> None:
+        self._aio.call_soon_threadsafe(self._enqueue, item)
+
+    def _enqueue(self, item: Outgoing) -> None:
+        q = self._queue
+        if q.qsize() >= QUEUE_DEPTH:  # the PLC is slower than the loop: the oldest command is the stalest
+            q.get_nowait()
+            self.counters.expired += 1
+        q.put_nowait(item)
+
+    async def _writer(self) -> None:
+        c, stages, latency = self.counters, self.timings.stages, self.timings.latency_us
+        handoff_i, write_i = STAGE_INDEX["handoff"], STAGE_INDEX["write"]
+        while True:
+            item: Outgoing = await self._queue.get()
+            start = time.time_ns()
+            stages[item.row, handoff_i] = (start - item.handoff_ns) * 1e-3
+            if start > item.deadline_ns:
+                c.expired += 1
+                self._alert("deadline", f"command {item.sequence} expired before it could be written", item)
+                continue
+            try:
+                await self._command_node.write_value(
+                    ua.DataValue(ua.Variant(item.envelope, ua.VariantType.ByteString)))
+            except ua.UaStatusCodeError as exc:
+                c.write_errors += 1
+                self._alert("plc_rejected", f"PLC refused command {item.sequence}: {exc}", item)
+                continue
+            except (ConnectionError, OSError, asyncio.TimeoutError, ua.UaError) as exc:
+                c.write_errors += 1
+                self._alert("plc_write", f"write of command {item.sequence} failed: {exc!r}", item)
+                await self._reconnect()
+                continue
+            ack = time.time_ns()
+            stages[item.row, write_i] = (ack - start) * 1e-3
+            latency[item.row] = (ack - item.sender_timestamp_ns) * 1e-3
+            c.commands += 1
+            self.audit.append({"seq": item.sequence, "frame_seq": item.frame_sequence, "values": item.values,
+                               "failsafe": item.failsafe, "sent_ns": item.sender_timestamp_ns, "ack_ns": ack,
+                               "envelope": item.envelope.hex()})
+
+    async def _reconnect(self) -> None:
+        self.state = "reconnecting"
+        try:
+            await self._client.disconnect()
+        except Exception:  # the session is already gone; nothing to close cleanly
+            pass
+        while not self._stop.is_set():
+            try:
+                await self._connect_plc()
+                self.state = "running"
+                self.log.info("reconnected to PLC", endpoint=self.cfg.plc.endpoint)
+                return
+            except StartupError as exc:
+                self.log.warning("PLC reconnect failed", error=str(exc).splitlines()[0])
+                await asyncio.sleep(1.0)
+
+    def _alert(self, kind: str, reason: str, item: Outgoing | None = None) -> None:
+        self.alerts.append((time.time_ns(), kind, reason, 0, item.frame_sequence if item else 0))
+
+    async def _housekeeping(self) -> None:
+        watchdog_s = self.notifier.watchdog_usec / 2e6 if self.notifier.watchdog_usec else None
+        last_beat, last_ping, last_status = -1, 0.0, 0.0
+        while True:
+            await asyncio.sleep(0.05)
+            while self.alerts:
+                t_ns, kind, reason, publisher, seq = self.alerts.popleft()
+                self.alert_counts[kind] += 1
+                self.last_alerts.append({"t_ns": t_ns, "kind": kind, "reason": reason, "frame_seq": seq})
+                if self.alert_counts[kind] <= 20 or self.alert_counts[kind] % 1000 == 0:  # rate-limit the log
+                    self.log.warning("alert", kind=kind, reason=reason, publisher=publisher, frame_seq=seq,
+                                     count=self.alert_counts[kind])
+            if self.loop.crashed is not None:
+                self.log.error("control loop crashed", error=repr(self.loop.crashed))
+                self.exit_code = 70
+                self._stop.set()
+                return
+            now = time.monotonic()
+            beat = self.counters.heartbeat
+            if watchdog_s and now - last_ping >= watchdog_s and beat != last_beat:
+                self.notifier.watchdog()  # only while the loop makes progress
+                last_ping, last_beat = now, beat
+            if now - last_status >= 1.0:
+                self.notifier.status(self.status_line())
+                last_status = now
+
+    def status_line(self) -> str:
+        c = self.counters
+        lat = self.timings.latency_summary()
+        return (f"{self.state}: frames={c.frames} commands={c.commands} dropped={c.dropped_timestamp + c.dropped_constraint}"
+                f" failsafe={c.failsafe} p99={lat['p99'] / 1000:.2f}ms")
+
+    def status(self, _req: dict | None = None) -> dict:
+        c = self.counters
+        return {
+            "line": self.cfg.line,
+            "state": self.state,
+            "uptime_s": round(time.monotonic() - self._started, 1),
+            "model": str(self.cfg.model.artifact),
+            "model_sha256": self.model.sha256.hex() if self.model else None,
+            "signer": getattr(self.signer, "kind", None),
+            "key_id": self.signer.key_id.hex() if self.signer else None,
+            "plc": self.cfg.plc.endpoint,
+            "counters": {**c.as_dict(), "dropped": c.dropped_timestamp + c.dropped_constraint,
+                         "lost": self.loop.ts_gate.lost if self.loop else 0,
+                         "malformed": self.source.malformed if self.source else 0,
+                         "clamped": self.loop.safety.clamped if self.loop else 0},
+            "latency_us": self.timings.latency_summary(),
+            "stages_us": self.timings.stage_summary(),
+            "alerts": dict(self.alert_counts),
+            "recent_alerts": list(self.last_alerts)[-5:],
+            "audit_file": str(self.audit.path) if self.audit else None,
+        }
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def serve(self) -> int:
+        self._aio = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._queue = asyncio.Queue()
+        tasks: list[asyncio.Task] = []
+        server = None
+        try:
+            try:
+                self._build()
+                await self._connect_plc()
+                self.audit = AuditLog(self.cfg.audit.directory)
+                server = await control.serve(Path(self.cfg.control.socket),
+                                             {"status": self.status, "stop": self._stop_request})
+            except (StartupError, OSError) as exc:
+                self.startup_error = exc
+                self.state = "failed"
+                self.ready.set()
+                self.log.error("startup failed", error=str(exc))
+                return 1
+            tasks = [asyncio.create_task(self._writer(), name="writer"),
+                     asyncio.create_task(self._housekeeping(), name="housekeeping")]
+            self.loop.start()
+            self.state = "running"
+            self.notifier.ready(self.status_line())
+            self.log.info("sitsd ready", line=self.cfg.line, plc=self.cfg.plc.endpoint, transport=self.cfg.transport.url,
+                          model_sha256=self.model.sha256.hex(), signer=self.signer.kind,
+                          key_id=self.signer.key_id.hex(), control=str(self.cfg.control.socket))
+            self.ready.set()
+            await self._stop.wait()
+            return self.exit_code
+        finally:
+            self.state = "stopping"
+            self.notifier.stopping()
+            if self.loop is not None:
+                self.loop.stop()
+            if self._queue is not None and self._command_node is not None:
+                await self._drain_queue(timeout_s=1.0)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if server is not None:
+                server.close()
+            if self._client is not None:
+                try:
+                    await self._client.disconnect()
+                except Exception:  # session already lost; shutting down anyway
+                    pass
+            if self.source is not None:
+                self.source.close()
+            if self.audit is not None:
+                self.audit.close()
+            if self.signer is not None and self._own_signer:
+                self.signer.close()
+            self.ready.set()
+            self.log.info("sitsd stopped", **{k: v for k, v in self.counters.as_dict().items() if k != "heartbeat"})
+
+    async def _drain_queue(self, timeout_s: float) -> None:
+        end = time.monotonic() + timeout_s
+        while not self._queue.empty() and time.monotonic() < end:
+            await asyncio.sleep(0.01)
+
+    def _stop_request(self, _req: dict) -> dict:
+        self._stop.set()
+        return {"stopping": True}
+
+    def request_stop(self) -> None:
+        """Thread-safe."""
+        if self._aio is not None and self._stop is not None:
+            self._aio.call_soon_threadsafe(self._stop.set)

@@ -1,0 +1,43 @@
+"""Safety envelope on the model's outputs: actuator limits and rate limits, and the fail-safe values.
+
+A model output is clamped into [min, max], then moved at most max_rate * dt from the last
+command sent (dt from the frames' sender timestamps). A non-finite output becomes the
+fail-safe value. Every command that leaves must have passed through here or be the fail-safe.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import Actuator
+
+
+class SafetyEnvelope:
+    def __init__(self, actuators: list[Actuator], outputs: list[str]) -> None:
+        by_name = {a.output: a for a in actuators}
+        ordered = [by_name[o] for o in outputs]
+        self.lo = np.array([a.min for a in ordered])
+        self.hi = np.array([a.max for a in ordered])
+        self.max_rate = np.array([a.max_rate if a.max_rate else np.inf for a in ordered])
+        self.failsafe = np.array([a.failsafe for a in ordered])
+        self.last = self.failsafe.copy()
+        self._last_ns = 0
+        self.out = np.zeros(len(ordered))
+        self.clamped = 0  # commands changed by the envelope
+
+    def apply(self, proposed: np.ndarray, timestamp_ns: int) -> np.ndarray:
+        out = self.out
+        out[:] = proposed
+        bad = ~np.isfinite(out)
+        if bad.any():
+            out[bad] = self.failsafe[bad]
+        np.clip(out, self.lo, self.hi, out=out)
+        if self._last_ns and timestamp_ns > self._last_ns:
+            step = self.max_rate * ((timestamp_ns - self._last_ns) * 1e-9)
+            np.clip(out, self.last - step, self.last + step, out=out)
+        if bad.any() or not np.array_equal(out, proposed):
+            self.clamped += 1
+        return out
+
+    def commit(self, values: np.ndarray, timestamp_ns: int) -> None:
+        self.last[:] = values
+        self._last_ns = timestamp_ns

@@ -1,0 +1,54 @@
+"""sd_notify in pure Python, never blocking: READY, STATUS, WATCHDOG, STOPPING.
+
+systemd-python's notify holds the GIL while the socket is full; a plain sendto with
+MSG_DONTWAIT only fails (and is counted) instead. Without NOTIFY_SOCKET every call is a no-op.
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+
+class Notifier:
+    def __init__(self, environ: dict[str, str] | None = None) -> None:
+        env = os.environ if environ is None else environ
+        addr = env.get("NOTIFY_SOCKET", "")
+        self._address = ("\0" + addr[1:]) if addr.startswith("@") else addr
+        self._sock: socket.socket | None = None
+        if self._address:
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        self.failed = 0
+        usec = int(env.get("WATCHDOG_USEC", "0") or 0)
+        pid = env.get("WATCHDOG_PID")
+        self.watchdog_usec = usec if usec > 0 and (not pid or int(pid) == os.getpid()) else 0
+
+    @property
+    def enabled(self) -> bool:
+        return self._sock is not None
+
+    def send(self, message: str) -> bool:
+        if self._sock is None:
+            return False
+        try:
+            self._sock.sendto(message.encode(), socket.MSG_DONTWAIT, self._address)
+            return True
+        except OSError:  # full queue (EAGAIN), manager gone: count it, never block or crash
+            self.failed += 1
+            return False
+
+    def ready(self, status: str = "") -> bool:
+        return self.send("READY=1" + (f"\nSTATUS={status}" if status else ""))
+
+    def status(self, status: str) -> bool:
+        return self.send(f"STATUS={status}")
+
+    def watchdog(self) -> bool:
+        return self.send("WATCHDOG=1")
+
+    def stopping(self) -> bool:
+        return self.send("STOPPING=1")
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None

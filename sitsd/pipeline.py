@@ -1,0 +1,182 @@
+"""The control loop: one frame walks the gates, the model, the safety envelope and the signer on
+one dedicated thread, and the signed envelope is handed to the I/O thread for the OPC UA write.
+
+The loop never logs, never awaits and allocates little: timings go into TimingRing, events into
+a bounded deque (`alerts`) that the I/O thread drains. A frame whose deadline (PLC send time +
+timing.deadline_ms) would be missed gets the fail-safe command instead of the model's.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from attestation.envelope import Command
+from ep.session import ModelRunner
+from plc.frame import Frame
+
+from .gates.constraints import ConstraintGate
+from .gates.safety import SafetyEnvelope
+from .gates.timestamp import REASONS, TimestampGate
+from .stats import STAGE_INDEX, TimingRing
+
+_T = {name: STAGE_INDEX[name] for name in STAGE_INDEX}
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """One signed command on its way to the I/O thread."""
+
+    row: int
+    envelope: bytes
+    sequence: int
+    frame_sequence: int
+    sender_timestamp_ns: int
+    deadline_ns: int
+    handoff_ns: int
+    failsafe: bool
+    values: tuple[float, ...]
+
+
+class Counters:
+    """Plain ints written by the loop thread, read by the I/O thread (a torn read is harmless)."""
+
+    __slots__ = ("frames", "dropped_timestamp", "dropped_constraint", "failsafe", "deadline_missed",
+                 "sign_errors", "submitted", "commands", "expired", "write_errors", "heartbeat")
+
+    def __init__(self) -> None:
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class FrameSource(Protocol):
+    def receive(self, timeout_s: float) -> Frame | None: ...
+
+
+class ControlLoop:
+    def __init__(self, *, source: FrameSource, timestamp_gate: TimestampGate, constraint_gate: ConstraintGate,
+                 model: ModelRunner, input_index: list[int], safety: SafetyEnvelope, signer,
+                 submit: Callable[[Outgoing], None], target: str, deadline_ns: int, sign_budget_ns: int,
+                 max_consecutive_drops: int, timings: TimingRing, counters: Counters,
+                 alerts: deque) -> None:
+        self.source = source
+        self.ts_gate = timestamp_gate
+        self.constraints = constraint_gate
+        self.model = model
+        self.input_index = np.asarray(input_index, dtype=np.intp)
+        self.safety = safety
+        self.signer = signer
+        self.submit = submit
+        self.target = target
+        self.deadline_ns = deadline_ns
+        self.sign_budget_ns = sign_budget_ns
+        self.max_consecutive_drops = max_consecutive_drops
+        self.timings = timings
+        self.counters = counters
+        self.alerts = alerts
+        self.model_sha256 = model.sha256
+        self.sequence = 0
+        self._consecutive_drops = 0
+        self._stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.crashed: BaseException | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name="sitsd-loop", daemon=True)
+        self.thread.start()
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout_s)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                frame = self.source.receive(0.05)
+                self.counters.heartbeat += 1
+                if frame is not None:
+                    self.step(frame)
+        except BaseException as exc:  # reported by the I/O thread, which stops the daemon
+            self.crashed = exc
+            self.alerts.append((time.time_ns(), "loop_crashed", repr(exc), 0, 0))
+
+    def step(self, frame: Frame) -> None:
+        """Run one frame through the loop (public for tests and the benchmark)."""
+        t_loop = time.time_ns()
+        c, stages = self.counters, self.timings.stages
+        row = self.timings.next_row()
+        c.frames += 1
+        stages[row, _T["transit"]] = (frame.rx_timestamp_ns - frame.sender_timestamp_ns) * 1e-3
+        stages[row, _T["wakeup"]] = (t_loop - frame.rx_timestamp_ns) * 1e-3
+        deadline = frame.sender_timestamp_ns + self.deadline_ns
+
+        p0 = time.perf_counter_ns()
+        reason = self.ts_gate.check(frame)
+        p1 = time.perf_counter_ns()
+        stages[row, _T["timestamp_gate"]] = (p1 - p0) * 1e-3
+        if reason:
+            c.dropped_timestamp += 1
+            self.alerts.append((t_loop, "timestamp", REASONS[reason], frame.publisher_id, frame.sequence_number))
+            self._consecutive_drops += 1
+            if self._consecutive_drops >= self.max_consecutive_drops:
+                self._consecutive_drops = 0
+                self._send(frame, row, self.safety.failsafe, True, deadline, "consecutive_drops")
+            return
+
+        violated = self.constraints.check(frame.values, frame.sender_timestamp_ns)
+        p2 = time.perf_counter_ns()
+        stages[row, _T["constraint_gate"]] = (p2 - p1) * 1e-3
+        if violated >= 0:
+            c.dropped_constraint += 1
+            self.alerts.append((t_loop, "constraint", self.constraints.describe(violated, frame.values),
+                                frame.publisher_id, frame.sequence_number))
+            self._send(frame, row, self.safety.failsafe, True, deadline, "constraint")
+            return
+        self._consecutive_drops = 0
+
+        self.model.input[0, :] = frame.values[self.input_index]
+        proposed = self.model.run()[0]
+        p3 = time.perf_counter_ns()
+        stages[row, _T["model"]] = (p3 - p2) * 1e-3
+
+        values = self.safety.apply(proposed, frame.sender_timestamp_ns)
+        p4 = time.perf_counter_ns()
+        stages[row, _T["safety"]] = (p4 - p3) * 1e-3
+        if time.time_ns() + self.sign_budget_ns > deadline:
+            c.deadline_missed += 1
+            self.alerts.append((t_loop, "deadline", "model result would arrive after the deadline",
+                                frame.publisher_id, frame.sequence_number))
+            self._send(frame, row, self.safety.failsafe, True, deadline, "deadline")
+            return
+        self._send(frame, row, values, False, deadline, "")
+
+    def _send(self, frame: Frame, row: int, values: np.ndarray, failsafe: bool, deadline: int, why: str) -> None:
+        c = self.counters
+        self.sequence += 1
+        out = tuple(values.tolist())
+        cmd = Command(self.target, out, self.sequence, frame.sequence_number, time.time_ns(), deadline,
+                      self.model_sha256, failsafe)
+        p0 = time.perf_counter_ns()
+        try:
+            envelope = self.signer.sign_command(cmd)
+        except Exception as exc:  # TPM gone, key refused: nothing unsigned ever leaves
+            c.sign_errors += 1
+            self.alerts.append((time.time_ns(), "sign", str(exc), frame.publisher_id, frame.sequence_number))
+            return
+        p1 = time.perf_counter_ns()
+        self.timings.stages[row, _T["sign"]] = (p1 - p0) * 1e-3
+        self.safety.commit(values, frame.sender_timestamp_ns)
+        if failsafe:
+            c.failsafe += 1
+        c.submitted += 1
+        self.submit(Outgoing(row, envelope, self.sequence, frame.sequence_number, frame.sender_timestamp_ns,
+                             deadline, time.time_ns(), failsafe, out))

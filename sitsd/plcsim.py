@@ -1,0 +1,98 @@
+"""Runs the rolling-mill PLC simulator as its own process, wired to the envelope verifier.
+
+    python -m sitsd.plcsim --udp-url opc.udp://239.255.10.1:4840 --trust-key signer.pub.pem
+
+Prints one JSON line `{"ready": true, "endpoint": ..., "udp_url": ...}` when serving. Reads
+commands from stdin: `stats` prints a JSON stats line, `stop` (or end of input) prints the final
+stats and exits. The trusted key is read when the first command arrives if it did not exist at
+start, so the simulator can be started before sitsd writes its public key.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import threading
+from pathlib import Path
+
+from attestation.envelope import EnvelopeVerifier
+from plc.simulator.server import CommandRejected, RollingMillSimulator, SimulatorSettings
+
+
+class LazyVerifier:
+    def __init__(self, key_path: Path, model_sha256: bytes | None) -> None:
+        self.key_path = key_path
+        self.model_sha256 = model_sha256
+        self._verifier: EnvelopeVerifier | None = None
+
+    def __call__(self, envelope: bytes):
+        if self._verifier is None:
+            try:
+                self._verifier = EnvelopeVerifier(self.key_path.read_bytes(), self.model_sha256)
+            except (OSError, ValueError) as exc:
+                raise CommandRejected(f"no trusted key at {self.key_path}: {exc}", "key") from exc
+        env = self._verifier.verify(envelope)
+        return env.command.sequence, env.command.values, env.command.failsafe
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="sitsctl plcsim", description="Rolling-mill PLC simulator (OPC UA server + "
+                                 "UADP publisher) that verifies every command envelope before applying it.")
+    ap.add_argument("--udp-url", default="opc.udp://239.255.10.1:4840", help="where sensor frames are published")
+    ap.add_argument("--interface", default="127.0.0.1", help="address of the interface for multicast")
+    ap.add_argument("--port", type=int, default=4840, help="OPC UA port (0: any free port)")
+    ap.add_argument("--rate", type=float, default=100.0, help="frames per second (default 100)")
+    ap.add_argument("--seed", type=int, default=1, help="disturbance sequence seed")
+    ap.add_argument("--publisher-id", type=int, default=7)
+    ap.add_argument("--trust-key", type=Path, required=True,
+                    help="PEM public key whose envelopes are accepted (sitsd writes <audit dir>/signer.pub.pem)")
+    ap.add_argument("--model-sha256", default=None, help="accept only commands from this model (hex)")
+    ap.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    return ap
+
+
+async def run(args) -> int:
+    settings = SimulatorSettings(udp_url=args.udp_url, interface=args.interface, rate_hz=args.rate, seed=args.seed,
+                                 publisher_id=args.publisher_id, port=args.port)
+    model = bytes.fromhex(args.model_sha256) if args.model_sha256 else None
+    sim = RollingMillSimulator(settings, LazyVerifier(args.trust_key, model))
+    await sim.start()
+    publisher = threading.Thread(target=sim.run_publisher, args=(args.duration,), name="plcsim-publisher", daemon=True)
+    publisher.start()
+    print(json.dumps({"ready": True, "endpoint": sim.endpoint, "udp_url": args.udp_url}), flush=True)
+    loop = asyncio.get_running_loop()
+    lines: asyncio.Queue[str] = asyncio.Queue()
+
+    def read_stdin() -> None:  # a daemon thread: a blocked readline must not hold up exit
+        for line in sys.stdin:
+            loop.call_soon_threadsafe(lines.put_nowait, line)
+        loop.call_soon_threadsafe(lines.put_nowait, "")
+
+    threading.Thread(target=read_stdin, name="plcsim-stdin", daemon=True).start()
+    try:
+        while publisher.is_alive():
+            try:
+                line = await asyncio.wait_for(lines.get(), 0.5)
+            except asyncio.TimeoutError:
+                continue
+            cmd = line.strip()
+            if cmd == "stats":
+                print(json.dumps({"stats": sim.stats()}), flush=True)
+            elif cmd == "stop" or not line:
+                break
+    finally:
+        sim.stop()
+        publisher.join(2.0)
+        print(json.dumps({"final": sim.stats()}), flush=True)
+        await sim.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
