@@ -181,7 +181,7 @@ class Daemon:
             item: Outgoing = await self._queue.get()
             start = time.time_ns()
             stages[item.row, handoff_i] = (start - item.handoff_ns) * 1e-3
-            if start > item.deadline_ns:
+            if start > item.deadline_ns and not item.failsafe:
                 c.expired += 1
                 self._alert("deadline", f"command {item.sequence} expired before it could be written", item)
                 continue

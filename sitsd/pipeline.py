@@ -163,6 +163,8 @@ class ControlLoop:
         c = self.counters
         self.sequence += 1
         out = tuple(values.tolist())
+        if failsafe:  # the fail-safe is always safe to apply: it gets a fresh validity window, never expires
+            deadline = time.time_ns() + self.deadline_ns
         cmd = Command(self.target, out, self.sequence, frame.sequence_number, time.time_ns(), deadline,
                       self.model_sha256, failsafe)
         p0 = time.perf_counter_ns()

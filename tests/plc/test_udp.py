@@ -1,0 +1,87 @@
+import random
+import socket
+import struct
+import time
+
+import pytest
+
+from plc.errors import TransportError
+from plc.frame import RxStampSource
+from plc.uadp import FixedLayout, UadpMessage
+from plc.udp import SO_TIMESTAMPING, UdpFrameSource, UdpPublisher, parse_udp_url, rx_stamp_from_cmsg
+
+
+def _group_url() -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"opc.udp://239.255.{random.randint(1, 254)}.{random.randint(1, 254)}:{port}"
+
+
+def test_multicast_loopback_frames_carry_kernel_rx_stamps():
+    url = _group_url()
+    layout = FixedLayout(3)
+    source = UdpFrameSource(url, layout, "127.0.0.1", publisher_id=7, writer_id=1)
+    pub = UdpPublisher(url, "127.0.0.1")
+    try:
+        sent = []
+        for seq in range(1, 6):
+            t = time.time_ns()
+            sent.append(t)
+            pub.send(layout.encode(UadpMessage(7, 1, 1, seq, seq, t, (seq, 2.0 * seq, -1.0))))
+        for seq in range(1, 6):
+            frame = source.receive(2.0)
+            assert frame is not None
+            assert frame.sequence_number == seq
+            assert frame.values.tolist() == [seq, 2.0 * seq, -1.0]
+            assert frame.rx_stamp_source == RxStampSource.SOFTWARE
+            # RX stamp is after the send stamp (100 ns resolution on the wire) and within a second
+            assert sent[seq - 1] // 100 * 100 <= frame.rx_timestamp_ns < sent[seq - 1] + 1_000_000_000
+    finally:
+        source.close()
+        pub.close()
+
+
+def test_malformed_and_foreign_messages_are_counted_and_skipped():
+    url = _group_url()
+    layout = FixedLayout(2)
+    source = UdpFrameSource(url, layout, "127.0.0.1", publisher_id=7, writer_id=1)
+    pub = UdpPublisher(url, "127.0.0.1")
+    try:
+        pub.send(b"\x00garbage")
+        pub.send(layout.encode(UadpMessage(8, 1, 1, 1, 1, time.time_ns(), (0.0, 0.0))))  # other publisher
+        pub.send(layout.encode(UadpMessage(7, 1, 1, 9, 9, time.time_ns(), (1.0, 1.0))))
+        frame = source.receive(2.0)
+        assert frame is not None and frame.sequence_number == 9
+        assert source.malformed == 1 and source.foreign == 1
+        assert "UADP decode error at byte" in str(source.last_error)
+        assert source.receive(0.05) is None
+    finally:
+        source.close()
+        pub.close()
+
+
+def test_hardware_stamp_is_preferred_over_software():
+    """NICs with a PHC fill ts[2]; this VM has none, so the cmsg bytes are synthetic."""
+    sw = (1_700_000_000, 5)
+    hw = (1_700_000_000, 7)
+    data = struct.pack("<qqqqqq", *sw, 0, 0, *hw)
+    assert rx_stamp_from_cmsg([(socket.SOL_SOCKET, SO_TIMESTAMPING, data)]) == (
+        1_700_000_000_000_000_007, RxStampSource.HARDWARE)
+    data = struct.pack("<qqqqqq", *sw, 0, 0, 0, 0)
+    assert rx_stamp_from_cmsg([(socket.SOL_SOCKET, SO_TIMESTAMPING, data)]) == (
+        1_700_000_000_000_000_005, RxStampSource.SOFTWARE)
+    before = time.time_ns()
+    stamp, source = rx_stamp_from_cmsg([])
+    assert source == RxStampSource.USER and stamp >= before
+
+
+@pytest.mark.parametrize("url,message", [
+    ("udp://239.0.0.1:4840", "needs an opc.udp:// URL"),
+    ("opc.udp://plc.local:4840", "IPv4 address"),
+    ("opc.udp://239.0.0.1:99999", "port"),
+    ("opc.udp://:4840", "no host"),
+])
+def test_bad_urls_say_what_is_wrong(url, message):
+    with pytest.raises(TransportError, match=message):
+        parse_udp_url(url)

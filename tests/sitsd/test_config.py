@@ -1,0 +1,81 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sitsd.config import load_config
+from sitsd.errors import ConfigError
+
+from ..conftest import DEMO_MODEL, EXAMPLE_CONFIG
+
+
+def _write(tmp_path: Path, mutate) -> Path:
+    data = yaml.safe_load(EXAMPLE_CONFIG.read_text())
+    data["model"]["artifact"] = str(DEMO_MODEL)
+    mutate(data)
+    path = tmp_path / "line.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_example_config_loads_into_typed_objects():
+    cfg = load_config(EXAMPLE_CONFIG)
+    assert cfg.signal_names[:2] == ["entry_thickness", "exit_thickness"]
+    assert cfg.model.artifact == DEMO_MODEL  # resolved against the config's directory
+    assert cfg.attestation.key_handle == 0x81000001
+    assert cfg.signals[0].unit == "mm"
+    assert cfg.safety.actuators[0].failsafe == 0.0
+
+
+def test_unknown_field_names_file_line_and_field(tmp_path):
+    path = tmp_path / "c.yaml"
+    text = EXAMPLE_CONFIG.read_text().replace("  cycle_ms: 10", "  cycle_ms: 10\n  cycle_msec: 10")
+    path.write_text(text)
+    line = next(i for i, l in enumerate(text.splitlines(), 1) if l.startswith("  cycle_msec: 10"))
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    assert f"{path}:{line}: timing.cycle_msec: unknown field" in str(exc.value)
+
+
+def test_wrong_type_points_at_the_value(tmp_path):
+    path = tmp_path / "c.yaml"
+    text = EXAMPLE_CONFIG.read_text().replace("deadline_ms: 8 ", "deadline_ms: soon ")
+    path.write_text(text)
+    line = next(i for i, l in enumerate(text.splitlines(), 1) if "deadline_ms: soon" in l)
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    assert exc.value.problems[0][:2] == ("timing.deadline_ms", line)
+    assert "valid number" in str(exc.value)
+
+
+@pytest.mark.parametrize("mutate,field,reason", [
+    (lambda d: d["model"]["inputs"].append("roll_speed"), "model.inputs[6]", "not a declared signal"),
+    (lambda d: d["signals"][0].update(min=9.0), "signals[0]", "must be below max"),
+    (lambda d: d["safety"]["actuators"][0].update(failsafe=1.0), "safety.actuators[0]", "outside"),
+    (lambda d: d["attestation"].update(mode="tpm2", tcti=None), "attestation", "needs tcti"),
+    (lambda d: d["plc"].update(command_node="RollGap"), "plc.command_node", "NodeId"),
+    (lambda d: d["constraints"][0]["coefficients"].update(bogus=1.0), "constraints[0].coefficients.bogus",
+     "not a declared signal"),
+    (lambda d: d["plc"].update(profile="s5"), "plc.profile", "s7-1500"),
+    (lambda d: d.pop("safety"), "safety", "required field is missing"),
+])
+def test_semantic_errors(tmp_path, mutate, field, reason):
+    with pytest.raises(ConfigError) as exc:
+        load_config(_write(tmp_path, mutate))
+    fields = [p[0] for p in exc.value.problems]
+    assert field in fields, str(exc.value)
+    assert reason in str(exc.value)
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="file not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nsignals: [\n  - a\n")
+    with pytest.raises(ConfigError, match=rf"{bad}:\d+: not valid YAML"):
+        load_config(bad)
+
+
+def test_overrides_apply_before_validation():
+    cfg = load_config(EXAMPLE_CONFIG, {"attestation.mode": "software", "timing.deadline_ms": 5})
+    assert cfg.attestation.mode == "software" and cfg.timing.deadline_ms == 5

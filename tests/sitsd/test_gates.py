@@ -1,0 +1,98 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from plc.frame import Frame, RxStampSource
+from sitsd.config import Actuator, LinearConstraint, Signal
+from sitsd.gates import ConstraintGate, SafetyEnvelope, TimestampGate
+from sitsd.gates.timestamp import DUPLICATE, FUTURE, PASS, REPLAY, STALE
+
+MS = 1_000_000
+
+
+def frame(seq, sent=10_000 * MS, rx=None, pub=7, writer=1):
+    return Frame(pub, writer, seq, sent, sent + 1 * MS if rx is None else rx, RxStampSource.SOFTWARE, np.zeros(1))
+
+
+class TestTimestampGate:
+    def test_fresh_in_order_frames_pass_and_gaps_count_lost(self):
+        g = TimestampGate(5 * MS, 1 * MS)
+        assert [g.check(frame(s)) for s in (1, 2, 5)] == [PASS] * 3
+        assert g.lost == 2
+
+    def test_stale_future_duplicate_replay(self):
+        g = TimestampGate(5 * MS, 1 * MS)
+        assert g.check(frame(1, rx=10_000 * MS + 6 * MS)) == STALE
+        assert g.check(frame(1, rx=10_000 * MS - 2 * MS)) == FUTURE
+        assert g.check(frame(10)) == PASS
+        assert g.check(frame(10)) == DUPLICATE
+        assert g.check(frame(9)) == REPLAY
+
+    def test_sequence_wraps_at_uint16(self):
+        g = TimestampGate(5 * MS, 1 * MS)
+        assert g.check(frame(0xFFFF)) == PASS
+        assert g.check(frame(0)) == PASS
+        assert g.lost == 0
+
+    def test_state_is_per_publisher_and_writer(self):
+        g = TimestampGate(5 * MS, 1 * MS)
+        assert g.check(frame(5, pub=1)) == PASS
+        assert g.check(frame(5, pub=2)) == PASS
+        assert g.check(frame(5, pub=1, writer=2)) == PASS
+
+
+SIGNALS = [Signal(name="a", unit="mm", min=0.0, max=10.0, max_rate=100.0),
+           Signal(name="b", unit="kN", min=-5.0, max=5.0)]
+CONSTRAINTS = [LinearConstraint(name="a_plus_b", coefficients={"a": 1.0, "b": 1.0}, max=12.0)]
+
+
+class TestConstraintGate:
+    def test_names_the_violated_constraint(self):
+        g = ConstraintGate(SIGNALS, CONSTRAINTS)
+        cases = {(np.nan, 0.0): "a.finite", (11.0, 0.0): "a.range", (1.0, -6.0): "b.range",
+                 (9.0, 4.0): "a_plus_b"}
+        for values, name in cases.items():
+            v = np.array(values)
+            idx = g.check(v, 1)
+            assert g.names[idx] == name
+            assert name in g.describe(idx, v)
+
+    def test_rate_of_change_uses_sender_timestamps(self):
+        g = ConstraintGate(SIGNALS, CONSTRAINTS)
+        assert g.check(np.array([1.0, 0.0]), 1_000 * MS) == -1
+        # 0.5 units in 10 ms = 50/s: allowed (limit 100/s)
+        assert g.check(np.array([1.5, 0.0]), 1_010 * MS) == -1
+        # 2 units in 10 ms = 200/s: refused
+        idx = g.check(np.array([3.5, 0.0]), 1_020 * MS)
+        assert g.names[idx] == "a.max_rate"
+        # the rejected frame did not move the reference: 1.5 -> 2.5 over 20 ms is 50/s
+        assert g.check(np.array([2.5, 0.0]), 1_030 * MS) == -1
+
+    @settings(max_examples=300)
+    @given(st.lists(st.floats(-20, 20), min_size=2, max_size=2))
+    def test_agrees_with_a_plain_reference(self, values):
+        g = ConstraintGate(SIGNALS, CONSTRAINTS)
+        a, b = values
+        ok = 0 <= a <= 10 and -5 <= b <= 5 and a + b <= 12
+        assert (g.check(np.array(values), 1) == -1) == ok
+
+
+class TestSafetyEnvelope:
+    def make(self):
+        return SafetyEnvelope([Actuator(output="gap", min=-0.2, max=0.2, max_rate=2.0, failsafe=0.0)], ["gap"])
+
+    def test_clamps_to_limits_and_counts(self):
+        s = self.make()
+        assert s.apply(np.array([0.5], dtype=np.float32), 1).tolist() == [0.2]
+        assert s.clamped == 1
+
+    def test_rate_limit_from_last_command(self):
+        s = self.make()
+        s.commit(np.array([0.0]), 1_000 * MS)
+        out = s.apply(np.array([0.1]), 1_010 * MS)  # 2 mm/s * 10 ms = 0.02 mm
+        assert out.tolist() == pytest.approx([0.02])
+
+    def test_non_finite_output_becomes_failsafe(self):
+        s = self.make()
+        assert s.apply(np.array([np.nan]), 1).tolist() == [0.0]
