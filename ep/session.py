@@ -58,7 +58,6 @@ class ModelRunner:
         self._binding = self.session.io_binding()
         self._binding.bind_ortvalue_input(self.input_name, ort.OrtValue.ortvalue_from_numpy(self.input))
         self._binding.bind_ortvalue_output(self.output_name, ort.OrtValue.ortvalue_from_numpy(self.output))
-        self._run_options = ort.RunOptions()
         self._self_test()
 
     def _self_test(self) -> None:
@@ -75,5 +74,5 @@ class ModelRunner:
 
     def run(self) -> np.ndarray:
         """Runs on `self.input`; the result is in `self.output` (also returned)."""
-        self.session.run_with_iobinding(self._binding, self._run_options)
+        self.session.run_with_iobinding(self._binding)  # a RunOptions argument costs ~25 us here
         return self.output

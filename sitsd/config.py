@@ -130,6 +130,13 @@ class ControlSection(_Section):
     socket: Path
 
 
+class RuntimeSection(_Section):
+    """Scheduling of the loop thread. Both need the privileges the unit grants (LimitRTPRIO=, CPUAffinity=)."""
+
+    loop_cpu: int | None = Field(default=None, ge=0, description="pin the loop thread to this CPU")
+    realtime_priority: int | None = Field(default=None, ge=1, le=99, description="SCHED_FIFO priority of the loop")
+
+
 class LoggingSection(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
 
@@ -148,6 +155,7 @@ class Config(_Section):
     attestation: AttestationSection
     audit: AuditSection
     control: ControlSection
+    runtime: RuntimeSection = RuntimeSection()
     logging: LoggingSection = LoggingSection()
 
     @property

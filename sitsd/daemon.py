@@ -116,7 +116,8 @@ class Daemon:
             signer=self.signer, submit=self._submit_threadsafe, target=cfg.plc.command_node,
             deadline_ns=int(cfg.timing.deadline_ms * 1e6), sign_budget_ns=sign_budget_ns,
             max_consecutive_drops=cfg.timing.max_consecutive_drops,
-            timings=self.timings, counters=self.counters, alerts=self.alerts)
+            timings=self.timings, counters=self.counters, alerts=self.alerts,
+            loop_cpu=cfg.runtime.loop_cpu, realtime_priority=cfg.runtime.realtime_priority)
 
     def _signer_self_test(self) -> int:
         """Sign and verify a few commands; returns the signing budget used by the deadline check."""

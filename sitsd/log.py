@@ -31,6 +31,8 @@ class _PrefixedJSON:
 
 
 def configure(level: str = "info", stream: TextIO | None = None, syslog_prefix: bool = False) -> None:
+    # asyncua logs protocol chatter (revised session timeouts, ...) through stdlib logging; keep errors only
+    logging.getLogger("asyncua").setLevel(logging.ERROR)
     processors = [structlog.processors.add_log_level,
                   structlog.processors.TimeStamper(fmt="iso", utc=True),
                   structlog.processors.format_exc_info]

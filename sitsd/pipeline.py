@@ -7,6 +7,7 @@ timing.deadline_ms) would be missed gets the fail-safe command instead of the mo
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -66,7 +67,7 @@ class ControlLoop:
                  model: ModelRunner, input_index: list[int], safety: SafetyEnvelope, signer,
                  submit: Callable[[Outgoing], None], target: str, deadline_ns: int, sign_budget_ns: int,
                  max_consecutive_drops: int, timings: TimingRing, counters: Counters,
-                 alerts: deque) -> None:
+                 alerts: deque, loop_cpu: int | None = None, realtime_priority: int | None = None) -> None:
         self.source = source
         self.ts_gate = timestamp_gate
         self.constraints = constraint_gate
@@ -82,6 +83,8 @@ class ControlLoop:
         self.timings = timings
         self.counters = counters
         self.alerts = alerts
+        self.loop_cpu = loop_cpu
+        self.realtime_priority = realtime_priority
         self.model_sha256 = model.sha256
         self.sequence = 0
         self._consecutive_drops = 0
@@ -98,8 +101,23 @@ class ControlLoop:
         if self.thread is not None:
             self.thread.join(timeout_s)
 
+    def _apply_scheduling(self) -> None:
+        """Pin and raise the loop thread (pid 0 = the calling thread on Linux); refusals become alerts."""
+        if self.loop_cpu is not None:
+            try:
+                os.sched_setaffinity(0, {self.loop_cpu})
+            except OSError as exc:
+                self.alerts.append((time.time_ns(), "runtime", f"cannot pin loop to CPU {self.loop_cpu}: {exc}", 0, 0))
+        if self.realtime_priority is not None:
+            try:
+                os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(self.realtime_priority))
+            except OSError as exc:
+                self.alerts.append((time.time_ns(), "runtime", f"SCHED_FIFO {self.realtime_priority} refused: {exc} "
+                                    "(the unit needs LimitRTPRIO= and RestrictRealtime=no)", 0, 0))
+
     def _run(self) -> None:
         try:
+            self._apply_scheduling()
             while not self._stop.is_set():
                 frame = self.source.receive(0.05)
                 self.counters.heartbeat += 1

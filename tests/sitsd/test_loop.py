@@ -97,3 +97,31 @@ def test_signer_failure_sends_nothing_and_alerts():
     loop.step(frame(1))
     assert sent == [] and loop.counters.sign_errors == 1
     assert loop.alerts[-1][1:3] == ("sign", "TPM gone")
+
+
+def test_loop_thread_scheduling_applied_or_refusal_reported():
+    import os
+
+    loop, _, _ = build()
+
+    class Idle:
+        def receive(self, timeout_s):
+            time.sleep(timeout_s)
+            return None
+
+    loop.source = Idle()
+    loop.loop_cpu, loop.realtime_priority = 0, 10
+    loop.start()
+    try:
+        deadline = time.monotonic() + 5
+        while loop.counters.heartbeat < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        tid = loop.thread.native_id
+        refused = [a[2] for a in loop.alerts if a[1] == "runtime"]
+        if any("SCHED_FIFO" in r for r in refused):
+            assert "LimitRTPRIO" in refused[-1]
+        else:
+            assert os.sched_getscheduler(tid) == os.SCHED_FIFO
+            assert os.sched_getaffinity(tid) == {0}
+    finally:
+        loop.stop()

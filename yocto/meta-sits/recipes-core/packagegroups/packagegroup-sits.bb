@@ -1,0 +1,11 @@
+SUMMARY = "Everything an edge box needs to run sitsd"
+DESCRIPTION = "sitsd with the TPM 2.0 software stack and tools it uses on the device."
+LICENSE = "MIT"
+
+inherit packagegroup
+
+RDEPENDS:${PN} = "\
+    sits2026 \
+    tpm2-tools \
+    tpm2-tss \
+"

@@ -1,0 +1,11 @@
+SUMMARY = "asyncio bridge to the standard sqlite3 module"
+DESCRIPTION = "Runs the standard sqlite3 module on a thread behind an asyncio interface; needed by asyncua."
+HOMEPAGE = "https://aiosqlite.omnilib.dev"
+LICENSE = "MIT"
+LIC_FILES_CHKSUM = "file://LICENSE;md5=f0c422eaa1f23d09f8203dc0af3e2d54"
+
+inherit pypi python_flit_core
+
+SRC_URI[sha256sum] = "043e0bd78d32888c0a9ca90fc788b38796843360c855a7262a532813133a0650"
+
+RDEPENDS:${PN} = "python3-sqlite3"

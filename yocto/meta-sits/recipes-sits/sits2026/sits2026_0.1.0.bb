@@ -1,0 +1,48 @@
+SUMMARY = "sits2026 edge control daemon (sitsd) and its CLI (sitsctl)"
+DESCRIPTION = "Closed-loop industrial control with gated inputs, ONNX Runtime inference, \
+TPM-signed PLC commands over OPC UA, and a hash-chained audit log."
+HOMEPAGE = "https://sits2026.invalid/"
+LICENSE = "Apache-2.0"
+LIC_FILES_CHKSUM = "file://LICENSE;md5=3b83ef96387f14655fc854ddc3c6bd57"
+
+inherit externalsrc python_setuptools_build_meta systemd useradd
+
+EXTERNALSRC = "${SITS_SOURCE_ROOT}"
+EXTERNALSRC_BUILD = "${WORKDIR}/build"
+
+USERADD_PACKAGES = "${PN}"
+GROUPADD_PARAM:${PN} = "--system sitsd"
+USERADD_PARAM:${PN} = "--system --home-dir /var/lib/sitsd --no-create-home --shell /sbin/nologin --gid sitsd --groups tss sitsd"
+
+SYSTEMD_SERVICE:${PN} = "sitsd.service"
+SYSTEMD_AUTO_ENABLE:${PN} = "enable"
+
+do_install:append() {
+    install -d ${D}${systemd_system_unitdir} ${D}${sysconfdir}/sitsd ${D}${nonarch_libdir}/tmpfiles.d ${D}${nonarch_libdir}/sysusers.d
+    install -m 0644 ${S}/systemd/sitsd.service ${D}${systemd_system_unitdir}/sitsd.service
+    install -m 0644 ${S}/systemd/sitsd.tmpfiles ${D}${nonarch_libdir}/tmpfiles.d/sitsd.conf
+    install -m 0644 ${S}/systemd/sitsd.sysusers ${D}${nonarch_libdir}/sysusers.d/sitsd.conf
+    install -m 0640 ${S}/examples/rolling-mill.yaml ${D}${sysconfdir}/sitsd/sitsd.yaml
+    install -d ${D}${datadir}/sits2026/models
+    install -m 0644 ${S}/examples/models/rolling_mill.onnx ${D}${datadir}/sits2026/models/rolling_mill.onnx
+    sed -i -e 's#artifact: models/rolling_mill.onnx#artifact: ${datadir}/sits2026/models/rolling_mill.onnx#' \
+        ${D}${sysconfdir}/sitsd/sitsd.yaml
+}
+
+FILES:${PN} += "${nonarch_libdir}/tmpfiles.d ${nonarch_libdir}/sysusers.d ${datadir}/sits2026"
+CONFFILES:${PN} = "${sysconfdir}/sitsd/sitsd.yaml"
+
+# onnxruntime has no recipe in the mainstream layers: use a vendor ML layer (e.g. meta-imx-ml) or your own.
+RDEPENDS:${PN} = "\
+    python3-asyncio \
+    python3-asyncua \
+    python3-cryptography \
+    python3-numpy \
+    python3-onnxruntime \
+    python3-pydantic \
+    python3-pyyaml \
+    python3-structlog \
+    python3-tpm2-pytss \
+    python3-zstandard \
+    tpm2-tss \
+"
