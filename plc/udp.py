@@ -115,6 +115,16 @@ class UdpFrameSource:
                 continue
             return Frame(publisher_id, writer_id, ds_seq, sent_ns, rx_ns, source, self._values)
 
+    def discard_pending(self) -> int:
+        """Drop datagrams queued before the consumer was ready (they predate it); returns how many."""
+        dropped = 0
+        while True:
+            try:
+                self._sock.recv_into(self._buffer, 0, socket.MSG_DONTWAIT)
+                dropped += 1
+            except (BlockingIOError, InterruptedError):
+                return dropped
+
     def close(self) -> None:
         self._sock.close()
 

@@ -164,6 +164,31 @@ class Daemon:
             raise
         self._client, self._command_node = client, node
 
+    async def _startup_command(self) -> None:
+        """Write the fail-safe command once before serving: proves the PLC accepts this device's
+        signatures and model, and warms the write path so the first real frame is not late."""
+        loop, c = self.loop, self.counters
+        loop.sequence += 1
+        now = time.time_ns()
+        values = tuple(loop.safety.failsafe.tolist())
+        cmd = Command(self.cfg.plc.command_node, values, loop.sequence, 0, now, now + loop.deadline_ns,
+                      self.model.sha256, True)
+        envelope = self.signer.sign_command(cmd)
+        try:
+            await self._command_node.write_value(ua.DataValue(ua.Variant(envelope, ua.VariantType.ByteString)))
+        except ua.UaStatusCodeError as exc:
+            raise StartupError(
+                f"the PLC refused the startup fail-safe command ({exc}): it does not trust key "
+                f"{self.signer.key_id.hex()} or model {self.model.sha256.hex()[:16]}…\n  fix: install "
+                f"{Path(self.cfg.audit.directory) / PUBKEY_FILE} and the model hash in the PLC's envelope verifier"
+            ) from exc
+        ack = time.time_ns()
+        c.commands += 1
+        c.failsafe += 1
+        self.audit.append({"seq": cmd.sequence, "frame_seq": 0, "values": values, "failsafe": True, "sent_ns": now,
+                           "ack_ns": ack, "envelope": envelope.hex(), "reason": "startup"})
+        self.log.info("PLC accepted the startup fail-safe command", rtt_ms=round((ack - now) / 1e6, 2))
+
     # -- the I/O thread ----------------------------------------------------------------------------
     def _submit_threadsafe(self, item: Outgoing) -> None:
         self._aio.call_soon_threadsafe(self._enqueue, item)
@@ -291,6 +316,7 @@ class Daemon:
                 self._build()
                 await self._connect_plc()
                 self.audit = AuditLog(self.cfg.audit.directory)
+                await self._startup_command()
                 server = await control.serve(Path(self.cfg.control.socket),
                                              {"status": self.status, "stop": self._stop_request})
             except (StartupError, OSError) as exc:
@@ -301,10 +327,11 @@ class Daemon:
                 return 1
             tasks = [asyncio.create_task(self._writer(), name="writer"),
                      asyncio.create_task(self._housekeeping(), name="housekeeping")]
+            discarded = self.source.discard_pending()  # frames that arrived during startup are stale
             self.loop.start()
             self.state = "running"
             self.notifier.ready(self.status_line())
-            self.log.info("sitsd ready", line=self.cfg.line, plc=self.cfg.plc.endpoint, transport=self.cfg.transport.url,
+            self.log.info("sitsd ready", line=self.cfg.line, discarded_startup_frames=discarded, plc=self.cfg.plc.endpoint, transport=self.cfg.transport.url,
                           model_sha256=self.model.sha256.hex(), signer=self.signer.kind,
                           key_id=self.signer.key_id.hex(), control=str(self.cfg.control.socket))
             self.ready.set()

@@ -167,6 +167,8 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
             "plc_accepted": plc_stats["accepted"],
             "plc_fallbacks": plc_stats["fallbacks"],
             "audit_records": daemon.audit.records if daemon.audit else 0,
+            "alerts": status["alerts"],
+            "recent_alerts": [f"{a['kind']}: {a['reason']}" for a in status["recent_alerts"]],
         }
     finally:
         if sim is not None:
@@ -187,6 +189,7 @@ def human_summary(r: dict) -> str:
         f"  frames received      {r['frames']}",
         f"  commands written     {r['commands']} (fail-safe {r['failsafe']}, expired {r['expired']})",
         f"  frames dropped       {r['dropped']} by the gates, {r['lost']} lost in transit",
+        f"  alerts               {', '.join(f'{k} {v}' for k, v in r['alerts'].items()) or 'none'}",
         f"  rejected by the PLC  {r['rejected_by_plc']} (the simulator verified {r['plc_accepted']} envelopes)",
         f"  signer               {r['signer']}",
         f"  model SHA-256        {r['model_sha256']}",

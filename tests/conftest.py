@@ -22,3 +22,47 @@ def swtpm(tmp_path_factory):
         yield sw
     finally:
         sw.stop()
+
+
+@pytest.fixture
+def plcsim(tmp_path):
+    """Start the PLC simulator process trusting the key at a given path; yields a starter function."""
+    import json
+    import os
+    import random
+    import socket
+    import subprocess
+    import sys
+
+    procs = []
+
+    def start(trust_key: Path, model_sha256: str | None = None) -> tuple[str, str, subprocess.Popen]:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind(("127.0.0.1", 0))
+            udp_url = f"opc.udp://239.255.{random.randint(1, 254)}.{random.randint(1, 254)}:{s.getsockname()[1]}"
+        args = [sys.executable, "-m", "sitsd.plcsim", "--udp-url", udp_url, "--port", "0", "--trust-key", str(trust_key)]
+        if model_sha256:
+            args += ["--model-sha256", model_sha256]
+        proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        procs.append(proc)
+        ready = json.loads(proc.stdout.readline())
+        return ready["endpoint"], udp_url, proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.stdin.close()
+            try:
+                proc.wait(10)
+            except Exception:
+                proc.kill()
+
+
+def sitsd_args(config: Path, **sets) -> list[str]:
+    import sys
+
+    args = [sys.executable, "-m", "sitsd", "--config", str(config)]
+    for key, value in sets.items():
+        args += ["--set", f"{key.replace('__', '.')}={value}"]
+    return args

@@ -85,3 +85,19 @@ def test_hardware_stamp_is_preferred_over_software():
 def test_bad_urls_say_what_is_wrong(url, message):
     with pytest.raises(TransportError, match=message):
         parse_udp_url(url)
+
+
+def test_discard_pending_drops_the_startup_backlog():
+    url = _group_url()
+    layout = FixedLayout(1)
+    source = UdpFrameSource(url, layout, "127.0.0.1")
+    pub = UdpPublisher(url, "127.0.0.1")
+    try:
+        for seq in range(3):
+            pub.send(layout.encode(UadpMessage(7, 1, 1, seq, seq, time.time_ns(), (0.0,))))
+        time.sleep(0.1)
+        assert source.discard_pending() == 3
+        assert source.receive(0.05) is None
+    finally:
+        source.close()
+        pub.close()

@@ -11,7 +11,7 @@ import pytest
 
 from sitsd.notify import Notifier
 
-from ..conftest import EXAMPLE_CONFIG, REPO
+from ..conftest import EXAMPLE_CONFIG, REPO, sitsd_args
 
 
 @pytest.fixture
@@ -55,27 +55,16 @@ def test_watchdog_for_another_pid_is_ignored():
     assert Notifier({"WATCHDOG_USEC": "1000", "WATCHDOG_PID": "1"}).watchdog_usec == 0
 
 
-def test_sitsd_process_notifies_serves_status_and_stops_cleanly(manager, tmp_path):
+def test_sitsd_process_notifies_serves_status_and_stops_cleanly(manager, plcsim, tmp_path):
     path, sock = manager
     audit = tmp_path / "audit"
-    audit.mkdir()
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        udp_url = f"opc.udp://239.255.77.{os.getpid() % 250 + 1}:{s.getsockname()[1]}"
-    sim = subprocess.Popen([sys.executable, "-m", "sitsd.plcsim", "--udp-url", udp_url, "--port", "0",
-                            "--trust-key", str(audit / "signer.pub.pem")],
-                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
-    daemon = None
+    endpoint, udp_url, sim = plcsim(audit / "signer.pub.pem")
+    control = tmp_path / "control.sock"
+    args = sitsd_args(EXAMPLE_CONFIG, plc__endpoint=endpoint, transport__url=udp_url, attestation__mode="software",
+                      audit__directory=audit, control__socket=control)
+    env = dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC="400000")
+    daemon = subprocess.Popen(args, env=env, stderr=open(tmp_path / "sitsd.log", "wb"), cwd=REPO)
     try:
-        endpoint = json.loads(sim.stdout.readline())["endpoint"]
-        control = tmp_path / "control.sock"
-        sets = [f"plc.endpoint={endpoint}", f"transport.url={udp_url}", "attestation.mode=software",
-                f"audit.directory={audit}", f"control.socket={control}"]
-        args = [sys.executable, "-m", "sitsd", "--config", str(EXAMPLE_CONFIG)]
-        for s in sets:
-            args += ["--set", s]
-        env = dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC="400000")
-        daemon = subprocess.Popen(args, env=env, stderr=open(tmp_path / "sitsd.log", "wb"), cwd=REPO)
         msgs = _drain(sock, lambda m: any(x.startswith("READY=1") for x in m), 60)
         assert any(x.startswith("READY=1") for x in msgs), (tmp_path / "sitsd.log").read_text()
         msgs += _drain(sock, lambda m: sum(x == "WATCHDOG=1" for x in m) >= 3 and
@@ -91,6 +80,9 @@ def test_sitsd_process_notifies_serves_status_and_stops_cleanly(manager, tmp_pat
         assert answer["state"] == "running" and answer["signer"] == "software"
         assert answer["counters"]["frames"] > 0 and answer["counters"]["commands"] > 0
         assert len(answer["model_sha256"]) == 64
+        human = subprocess.run([sys.executable, "-m", "sitsd.cli", "status", "--socket", str(control)],
+                               capture_output=True, text=True, timeout=30, cwd=REPO)
+        assert "running" in human.stdout and "latency p50" in human.stdout
 
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(20) == 0
@@ -104,7 +96,5 @@ def test_sitsd_process_notifies_serves_status_and_stops_cleanly(manager, tmp_pat
         assert any(e["event"] == "sitsd ready" for e in log_lines)
         assert any(e["event"] == "software signing key" and e["level"] == "warning" for e in log_lines)
     finally:
-        if daemon is not None and daemon.poll() is None:
+        if daemon.poll() is None:
             daemon.kill()
-        sim.stdin.close()
-        sim.wait(10)
