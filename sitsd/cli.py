@@ -78,12 +78,6 @@ def _cmd_check_config(args) -> int:
     return 0
 
 
-def _cmd_plcsim(args) -> int:
-    from .plcsim import main as plcsim_main
-
-    return plcsim_main(args.rest)
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="sitsctl", description="Control and inspect sits2026 (sitsd).",
                                  epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -114,14 +108,17 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
     check.set_defaults(func=_cmd_check_config)
 
-    plcsim = sub.add_parser("plcsim", help="run the rolling-mill PLC simulator (see sitsctl plcsim -- --help)",
+    plcsim = sub.add_parser("plcsim", help="run the rolling-mill PLC simulator (see sitsctl plcsim --help)",
                             add_help=False)
-    plcsim.add_argument("rest", nargs=argparse.REMAINDER)
-    plcsim.set_defaults(func=_cmd_plcsim)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["plcsim"]:  # its own parser, so that `sitsctl plcsim --help` shows the simulator's options
+        from .plcsim import main as plcsim_main
+
+        return plcsim_main(argv[1:])
     args = build_parser().parse_args(argv)
     from .log import configure
 

@@ -41,7 +41,7 @@ class Simulator:
     def __init__(self, udp_url: str, trust_key: Path, model_sha256: str, seed: int, rate_hz: float, workdir: Path):
         self._stderr = open(workdir / "plcsim.log", "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sitsd.plcsim", "--udp-url", udp_url, "--port", "0", "--trust-key", str(trust_key),
+            [sys.executable, "-m", "sitsd.plcsim", "--udp-url", udp_url, "--port", "0", "--trust-key", str(trust_key), "--control-stdin",
              "--model-sha256", model_sha256, "--seed", str(seed), "--rate", str(rate_hz)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1,
             cwd=str(REPO_ROOT))

@@ -2,9 +2,10 @@
 
     python -m sitsd.plcsim --udp-url opc.udp://239.255.10.1:4840 --trust-key signer.pub.pem
 
-Prints one JSON line `{"ready": true, "endpoint": ..., "udp_url": ...}` when serving. Reads
-commands from stdin: `stats` prints a JSON stats line, `stop` (or end of input) prints the final
-stats and exits. The trusted key is read when the first command arrives if it did not exist at
+Prints one JSON line `{"ready": true, "endpoint": ..., "udp_url": ...}` when serving, and the
+final stats as a JSON line when it stops (SIGINT, SIGTERM or --duration). With --control-stdin
+(used by the demo and the tests) it reads commands from stdin: `stats` prints a JSON stats line,
+`stop` or the end of input stops it. The trusted key is read when the first command arrives if it did not exist at
 start, so the simulator can be started before sitsd writes its public key.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -49,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="PEM public key whose envelopes are accepted (sitsd writes <audit dir>/signer.pub.pem)")
     ap.add_argument("--model-sha256", default=None, help="accept only commands from this model (hex)")
     ap.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    ap.add_argument("--control-stdin", action="store_true",
+                    help="take 'stats' and 'stop' lines on stdin; end of input stops the simulator")
     return ap
 
 
@@ -69,7 +73,10 @@ async def run(args) -> int:
             loop.call_soon_threadsafe(lines.put_nowait, line)
         loop.call_soon_threadsafe(lines.put_nowait, "")
 
-    threading.Thread(target=read_stdin, name="plcsim-stdin", daemon=True).start()
+    if args.control_stdin:
+        threading.Thread(target=read_stdin, name="plcsim-stdin", daemon=True).start()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lines.put_nowait, "stop\n")
     try:
         while publisher.is_alive():
             try:

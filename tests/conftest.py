@@ -40,7 +40,7 @@ def plcsim(tmp_path):
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.bind(("127.0.0.1", 0))
             udp_url = f"opc.udp://239.255.{random.randint(1, 254)}.{random.randint(1, 254)}:{s.getsockname()[1]}"
-        args = [sys.executable, "-m", "sitsd.plcsim", "--udp-url", udp_url, "--port", "0", "--trust-key", str(trust_key)]
+        args = [sys.executable, "-m", "sitsd.plcsim", "--udp-url", udp_url, "--port", "0", "--trust-key", str(trust_key), "--control-stdin"]
         if model_sha256:
             args += ["--model-sha256", model_sha256]
         proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
