@@ -150,6 +150,9 @@ class ControlLoop:
                 self._send(frame, row, self.safety.failsafe, True, deadline, "consecutive_drops")
             return
 
+        if self.ts_gate.restarted:
+            self.alerts.append((t_loop, "publisher_restart", "sequence number went back with a newer sender "
+                                "timestamp: the publisher restarted", frame.publisher_id, frame.sequence_number))
         violated = self.constraints.check(frame.values, frame.sender_timestamp_ns)
         p2 = time.perf_counter_ns()
         stages[row, _T["constraint_gate"]] = (p2 - p1) * 1e-3

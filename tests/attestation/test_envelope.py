@@ -72,3 +72,14 @@ def test_truncation_is_malformed(cut):
     with pytest.raises(EnvelopeError) as exc:
         decode(data[:min(cut, len(data) - 1)])
     assert exc.value.code == "malformed"
+
+
+@given(st.text(max_size=60), st.lists(st.floats(allow_nan=False), max_size=8), st.integers(0, 2**63 - 1),
+       st.integers(0, 2**63 - 1), st.integers(-2**63, 2**63 - 1), st.booleans())
+def test_any_command_round_trips(target, values, seq, frame_seq, issued, failsafe):
+    from hypothesis import assume
+
+    assume(len(target.encode()) <= 255)
+    cmd = Command(target, tuple(values), seq, frame_seq, issued, issued // 2, MODEL, failsafe)
+    env, _ = decode(SoftwareSigner().sign_command(cmd))
+    assert env.command == cmd

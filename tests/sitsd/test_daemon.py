@@ -42,3 +42,52 @@ def test_bad_config_exits_2_with_file_line_field(tmp_path):
     r = subprocess.run(sitsd_args(bad), capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode == 2
     assert f"{bad}:" in r.stderr and "transport.publisher_id" in r.stderr
+
+
+def test_plc_restart_reconnects_and_commands_resume(plcsim, tmp_path):
+    import json
+    import signal
+    import socket
+    import time
+
+    from sitsd.control import request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    audit = tmp_path / "audit"
+    endpoint, udp_url, sim = plcsim(audit / "signer.pub.pem", port=port)
+    control = tmp_path / "c.sock"
+    daemon = subprocess.Popen(sitsd_args(EXAMPLE_CONFIG, plc__endpoint=endpoint, transport__url=udp_url,
+                                         attestation__mode="software", audit__directory=audit,
+                                         control__socket=control),
+                              stderr=open(tmp_path / "sitsd.log", "wb"), cwd=REPO)
+    try:
+        deadline = time.monotonic() + 60
+        while not control.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)
+        before = request(control, "status")["counters"]["commands"]
+        assert before > 0
+        sim.stdin.write("stop\n")  # the PLC goes away ...
+        sim.stdin.flush()
+        sim.wait(10)
+        time.sleep(0.5)
+        _, _, sim2 = plcsim(audit / "signer.pub.pem", port=port, udp_url=udp_url)  # ... and comes back
+        deadline = time.monotonic() + 20
+        status = request(control, "status")
+        while status["counters"]["commands"] < before + 100 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            status = request(control, "status")
+        assert status["counters"]["commands"] >= before + 100, status
+        assert status["state"] == "running"
+        assert status["alerts"].get("publisher_restart", 0) >= 1
+        sim2.stdin.write("stats\n")
+        sim2.stdin.flush()
+        stats = json.loads(sim2.stdout.readline())["stats"]
+        assert stats["accepted"] >= 100 and stats["rejected"] == 0
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(20)
+    log = (tmp_path / "sitsd.log").read_text()
+    assert "reconnected to PLC" in log

@@ -29,6 +29,15 @@ class TestTimestampGate:
         assert g.check(frame(10)) == DUPLICATE
         assert g.check(frame(9)) == REPLAY
 
+    def test_publisher_restart_is_accepted_but_replay_is_not(self):
+        g = TimestampGate(5 * MS, 1 * MS)
+        assert g.check(frame(500, sent=10_000 * MS)) == PASS
+        assert g.check(frame(499, sent=9_990 * MS)) == REPLAY  # older stamp: a replayed frame
+        assert g.check(frame(1, sent=10_010 * MS)) == PASS  # newer stamp, counter reset: a restart
+        assert g.restarted and g.restarts == 1
+        assert g.check(frame(2, sent=10_020 * MS)) == PASS and not g.restarted
+        assert g.lost == 0
+
     def test_sequence_wraps_at_uint16(self):
         g = TimestampGate(5 * MS, 1 * MS)
         assert g.check(frame(0xFFFF)) == PASS
