@@ -56,6 +56,13 @@ class ModelSection(_Section):
     inputs: list[str] = Field(min_length=1)
     outputs: list[str] = Field(min_length=1)
 
+    @field_validator("sha256", mode="before")
+    @classmethod
+    def _quoted(cls, v):
+        if v is not None and not isinstance(v, str):
+            raise ValueError("must be a quoted string of 64 lowercase hex digits (YAML read it as a number)")
+        return v
+
 
 class PlcSection(_Section):
     endpoint: str = Field(pattern=r"^opc\.tcp://")

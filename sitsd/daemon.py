@@ -252,9 +252,15 @@ class Daemon:
 
     async def _housekeeping(self) -> None:
         watchdog_s = self.notifier.watchdog_usec / 2e6 if self.notifier.watchdog_usec else None
-        last_beat, last_ping, last_status = -1, 0.0, 0.0
+        last_beat, last_ping, last_status, last_malformed = -1, 0.0, 0.0, 0
         while True:
             await asyncio.sleep(0.05)
+            malformed = self.source.malformed if self.source is not None else 0
+            if malformed != last_malformed:  # counted on the loop thread, reported here
+                self.alert_counts["malformed_frame"] += malformed - last_malformed
+                self.log.warning("malformed frames skipped", count=malformed - last_malformed, total=malformed,
+                                 error=str(self.source.last_error), transport=self.cfg.transport.url)
+                last_malformed = malformed
             while self.alerts:
                 t_ns, kind, reason, publisher, seq = self.alerts.popleft()
                 self.alert_counts[kind] += 1

@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, daemon.request_stop)
+        # SIGHUP must never kill a running control loop; live reload is not in this build
+        loop.add_signal_handler(signal.SIGHUP, lambda: daemon.log.warning(
+            "SIGHUP ignored", detail="live config reload is not supported yet; restart sitsd to apply a new config"))
         return await daemon.serve()
 
     return asyncio.run(run())

@@ -91,3 +91,52 @@ def test_plc_restart_reconnects_and_commands_resume(plcsim, tmp_path):
         daemon.wait(20)
     log = (tmp_path / "sitsd.log").read_text()
     assert "reconnected to PLC" in log
+
+
+def test_pinned_model_hash_mismatch_refuses_startup(tmp_path):
+    r = subprocess.run(sitsd_args(EXAMPLE_CONFIG, model__sha256="ab" * 32, attestation__mode="software",
+                                  audit__directory=tmp_path / "audit", control__socket=tmp_path / "c.sock"),
+                       capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 1
+    assert "differs from model.sha256 " + "ab" * 32 in r.stderr
+
+
+def test_malformed_frames_are_reported_and_the_loop_keeps_running(plcsim, tmp_path):
+    import signal
+    import time
+
+    from plc.udp import UdpPublisher
+    from sitsd.control import request
+
+    audit = tmp_path / "audit"
+    endpoint, udp_url, _ = plcsim(audit / "signer.pub.pem")
+    control = tmp_path / "c.sock"
+    daemon = subprocess.Popen(sitsd_args(EXAMPLE_CONFIG, plc__endpoint=endpoint, transport__url=udp_url,
+                                         attestation__mode="software", audit__directory=audit,
+                                         control__socket=control),
+                              stderr=open(tmp_path / "sitsd.log", "wb"), cwd=REPO)
+    try:
+        deadline = time.monotonic() + 60
+        while not control.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        pub = UdpPublisher(udp_url, "127.0.0.1")
+        for _ in range(5):
+            pub.send(b"\xf1\x21junk")
+        pub.close()
+        time.sleep(1.0)
+        status = request(control, "status")
+        assert status["counters"]["malformed"] == 5
+        assert status["alerts"]["malformed_frame"] == 5
+        before = status["counters"]["commands"]
+        time.sleep(0.5)
+        assert request(control, "status")["counters"]["commands"] > before
+        daemon.send_signal(signal.SIGHUP)  # ignored with a warning, never fatal
+        time.sleep(0.3)
+        assert daemon.poll() is None
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(20) == 0
+    log = (tmp_path / "sitsd.log").read_text()
+    assert "malformed frames skipped" in log and "UADP decode error at byte" in log
+    assert "SIGHUP ignored" in log

@@ -13,7 +13,7 @@ UNIT = REPO / "systemd" / "sitsd.service"
 
 @pytest.fixture
 def stub_root(tmp_path):
-    """A root with the system units, a stub ExecStart binary and /bin/kill, so `verify` resolves everything."""
+    """A root with the system units and a stub ExecStart binary, so `verify` resolves everything."""
     assert shutil.which("systemd-analyze"), "systemd-analyze missing (Debian package systemd)"
     root = tmp_path / "root"
     (root / "usr/bin").mkdir(parents=True)
@@ -24,7 +24,6 @@ def stub_root(tmp_path):
     stub = root / "usr/bin/sitsd"
     stub.write_text("#!/bin/sh\n")
     stub.chmod(0o755)
-    shutil.copy("/bin/kill", root / "bin/kill")
     shutil.copy(UNIT, root / "etc/systemd/system/sitsd.service")
     return root
 
