@@ -33,7 +33,7 @@ def _cmd_demo(args) -> int:
     from .demo import human_summary, run_demo
 
     result = run_demo(seconds=args.seconds, config_path=args.config, force_software=args.software,
-                      seed=args.seed, rate_hz=args.rate)
+                      seed=args.seed, rate_hz=args.rate, transport=args.transport)
     print(human_summary(result))
     if args.json:
         print(json.dumps(result))
@@ -93,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--software", action="store_true", help="use a software key even if swtpm is installed")
     demo.add_argument("--seed", type=int, default=1, help="disturbance sequence seed (default 1)")
     demo.add_argument("--rate", type=float, default=100.0, help="sensor frames per second (default 100)")
+    demo.add_argument("--transport", choices=("udp", "opcua"), default="udp",
+                      help="how frames reach sitsd: UADP over UDP multicast (default) or an OPC UA subscription")
     demo.set_defaults(func=_cmd_demo)
 
     status = sub.add_parser("status", help="ask a running sitsd for uptime, model, signer, counters, latency")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -16,6 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import ConfigError
 
 _NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+def _check_node_id(v: str) -> str:
+    if not re.match(r"^(ns=\d+|nsu=[^;]+);[sigb]=.+$", v):
+        raise ValueError("expected a NodeId string such as ns=2;s=Line.RollGapCommand "
+                         "or nsu=urn:plant:line;s=RollGapCommand")
+    return v
 
 
 class _Section(BaseModel):
@@ -74,19 +81,35 @@ class PlcSection(_Section):
     @field_validator("command_node")
     @classmethod
     def _node_id(cls, v: str) -> str:
-        if not re.match(r"^(ns=\d+|nsu=[^;]+);[sigb]=.+$", v):
-            raise ValueError("expected a NodeId string such as ns=2;s=Line.RollGapCommand "
-                             "or nsu=urn:plant:line;s=RollGapCommand")
-        return v
+        return _check_node_id(v)
 
 
-class TransportSection(_Section):
+class UadpUdpTransport(_Section):
+    """UADP NetworkMessages over UDP (multicast or unicast), read by the loop thread itself."""
+
     kind: Literal["uadp-udp"]
     url: str = Field(pattern=r"^opc\.udp://")
     interface: str = "0.0.0.0"
     publisher_id: int = Field(ge=0, le=0xFFFF)
     writer_group_id: int = Field(ge=0, le=0xFFFF)
     dataset_writer_id: int = Field(ge=0, le=0xFFFF)
+
+
+class OpcUaSubscriptionTransport(_Section):
+    """An OPC UA subscription on one array variable (signals in order, SourceTimestamp = send time)."""
+
+    kind: Literal["opcua-subscription"]
+    node: str
+    publishing_interval_ms: float = Field(default=1.0, ge=0)
+
+    @field_validator("node")
+    @classmethod
+    def _node_id(cls, v: str) -> str:
+        return _check_node_id(v)
+
+
+TransportSection = Annotated[UadpUdpTransport | OpcUaSubscriptionTransport, Field(discriminator="kind")]
+_TRANSPORT_KINDS = ("uadp-udp", "opcua-subscription")
 
 
 class TimingSection(_Section):
@@ -274,7 +297,8 @@ def load_config(path: str | Path, overrides: dict | None = None) -> Config:
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            loc = tuple(err["loc"])
+            # pydantic puts the discriminator's value into the location: transport.uadp-udp.url
+            loc = tuple(p for i, p in enumerate(err["loc"]) if not (i == 1 and p in _TRANSPORT_KINDS))
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
                 msg = "unknown field (check the spelling; see examples/rolling-mill.yaml)"

@@ -21,12 +21,14 @@ from attestation.signers import SoftwareSigner
 from ep.errors import ModelLoadError
 from ep.session import ModelRunner
 from plc.errors import TransportError
+from plc.frame import RxStampSource
+from plc.opcua_source import OpcUaSubscriptionSource
 from plc.uadp import FixedLayout
 from plc.udp import UdpFrameSource
 
 from . import control
 from .audit import AuditLog
-from .config import Config
+from .config import Config, OpcUaSubscriptionTransport
 from .errors import StartupError
 from .gates import ConstraintGate, SafetyEnvelope, TimestampGate
 from .log import get_logger
@@ -101,11 +103,15 @@ class Daemon:
         audit_dir = Path(cfg.audit.directory)
         audit_dir.mkdir(parents=True, exist_ok=True)
         (audit_dir / PUBKEY_FILE).write_bytes(self.signer.public_key_pem())
-        try:
-            self.source = UdpFrameSource(cfg.transport.url, FixedLayout(len(names)), cfg.transport.interface,
-                                         cfg.transport.publisher_id, cfg.transport.dataset_writer_id)
-        except TransportError as exc:
-            raise StartupError(str(exc)) from exc
+        t = cfg.transport
+        if isinstance(t, OpcUaSubscriptionTransport):
+            self.source = OpcUaSubscriptionSource(len(names), t.publishing_interval_ms)
+        else:
+            try:
+                self.source = UdpFrameSource(t.url, FixedLayout(len(names)), t.interface, t.publisher_id,
+                                             t.dataset_writer_id)
+            except TransportError as exc:
+                raise StartupError(str(exc)) from exc
         self.loop = ControlLoop(
             source=self.source,
             timestamp_gate=TimestampGate(int(cfg.timing.max_transit_ms * 1e6), int(cfg.timing.max_future_ms * 1e6)),
@@ -143,15 +149,7 @@ class Daemon:
             raise StartupError(f"cannot connect to the PLC at {p.endpoint}: {exc or type(exc).__name__}\n"
                                f"  fix: check plc.endpoint and that the PLC's OPC UA server is running") from exc
         try:
-            node_text = p.command_node
-            if node_text.startswith("nsu="):
-                uri, rest = node_text[4:].split(";", 1)
-                try:
-                    idx = await client.get_namespace_index(uri)
-                except ValueError:
-                    raise StartupError(f"plc.command_node: the PLC has no namespace {uri!r}") from None
-                node_text = f"ns={idx};{rest}"
-            node = client.get_node(ua.NodeId.from_string(node_text))
+            node = client.get_node(await self._resolve_node(client, p.command_node, "plc.command_node"))
             try:
                 vtype = await node.read_data_type_as_variant_type()
             except ua.UaStatusCodeError as exc:
@@ -159,10 +157,28 @@ class Daemon:
             if vtype != ua.VariantType.ByteString:
                 raise StartupError(f"plc.command_node {p.command_node}: is {vtype.name}, expected ByteString "
                                    f"(the command envelope)")
+            if isinstance(self.source, OpcUaSubscriptionSource):
+                frames = await self._resolve_node(client, self.cfg.transport.node, "transport.node")
+                try:
+                    await self.source.subscribe(client, frames)
+                except TransportError as exc:
+                    raise StartupError(str(exc)) from exc
         except BaseException:
             await client.disconnect()
             raise
         self._client, self._command_node = client, node
+
+    @staticmethod
+    async def _resolve_node(client: Client, text: str, field: str) -> ua.NodeId:
+        """NodeId from config text; `nsu=<uri>;...` is looked up in the server's namespace array."""
+        if text.startswith("nsu="):
+            uri, rest = text[4:].split(";", 1)
+            try:
+                idx = await client.get_namespace_index(uri)
+            except ValueError:
+                raise StartupError(f"{field}: the PLC has no namespace {uri!r}") from None
+            text = f"ns={idx};{rest}"
+        return ua.NodeId.from_string(text)
 
     async def _startup_command(self) -> None:
         """Write the fail-safe command once before serving: proves the PLC accepts this device's
@@ -259,7 +275,7 @@ class Daemon:
             if malformed != last_malformed:  # counted on the loop thread, reported here
                 self.alert_counts["malformed_frame"] += malformed - last_malformed
                 self.log.warning("malformed frames skipped", count=malformed - last_malformed, total=malformed,
-                                 error=str(self.source.last_error), transport=self.cfg.transport.url)
+                                 error=str(self.source.last_error), transport=self.cfg.transport.kind)
                 last_malformed = malformed
             while self.alerts:
                 t_ns, kind, reason, publisher, seq = self.alerts.popleft()
@@ -299,6 +315,9 @@ class Daemon:
             "signer": getattr(self.signer, "kind", None),
             "key_id": self.signer.key_id.hex() if self.signer else None,
             "plc": self.cfg.plc.endpoint,
+            "transport": self.cfg.transport.kind,
+            "rx_stamp_source": (RxStampSource(self.loop.last_rx_source).name.lower()
+                                if self.loop is not None and self.loop.last_rx_source >= 0 else None),
             "counters": {**c.as_dict(), "dropped": c.dropped_timestamp + c.dropped_constraint,
                          "lost": self.loop.ts_gate.lost if self.loop else 0,
                          "malformed": self.source.malformed if self.source else 0,
@@ -337,7 +356,8 @@ class Daemon:
             self.loop.start()
             self.state = "running"
             self.notifier.ready(self.status_line())
-            self.log.info("sitsd ready", line=self.cfg.line, discarded_startup_frames=discarded, plc=self.cfg.plc.endpoint, transport=self.cfg.transport.url,
+            self.log.info("sitsd ready", line=self.cfg.line, discarded_startup_frames=discarded, plc=self.cfg.plc.endpoint,
+                          transport=self.cfg.transport.kind,
                           model_sha256=self.model.sha256.hex(), signer=self.signer.kind,
                           key_id=self.signer.key_id.hex(), control=str(self.cfg.control.socket))
             self.ready.set()

@@ -26,6 +26,8 @@ from .daemon import Daemon
 from .errors import StartupError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+TRANSPORTS = ("udp", "opcua")
+SIM_NAMESPACE = "urn:sits2026:plc-simulator"
 DEFAULT_CONFIG = REPO_ROOT / "examples" / "rolling-mill.yaml"
 
 
@@ -38,11 +40,13 @@ def _free_udp_port() -> int:
 class Simulator:
     """The PLC simulator subprocess, spoken to over its stdin/stdout lines."""
 
-    def __init__(self, udp_url: str, trust_key: Path, model_sha256: str, seed: int, rate_hz: float, workdir: Path):
+    def __init__(self, udp_url: str, trust_key: Path, model_sha256: str, seed: int, rate_hz: float, workdir: Path,
+                 opcua_frames: bool = False):
         self._stderr = open(workdir / "plcsim.log", "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sitsd.plcsim", "--udp-url", udp_url, "--port", "0", "--trust-key", str(trust_key), "--control-stdin",
-             "--model-sha256", model_sha256, "--seed", str(seed), "--rate", str(rate_hz)],
+             "--model-sha256", model_sha256, "--seed", str(seed), "--rate", str(rate_hz)]
+            + (["--opcua-frames"] if opcua_frames else []),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1,
             cwd=str(REPO_ROOT))
         self.log_path = workdir / "plcsim.log"
@@ -84,8 +88,13 @@ class Simulator:
 
 def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_path: Path | None = None,
              progress: TextIO | None = sys.stderr, force_software: bool = False, seed: int = 1,
-             rate_hz: float = 100.0, overrides: dict | None = None) -> dict:
-    """Run the closed loop for `seconds` (or until `frames` frames) and return the summary dict."""
+             rate_hz: float = 100.0, overrides: dict | None = None, transport: str = "udp") -> dict:
+    """Run the closed loop for `seconds` (or until `frames` frames) and return the summary dict.
+
+    transport: "udp" (UADP over UDP multicast, read by the loop thread) or "opcua" (an OPC UA
+    subscription on the simulator's SensorFrame variable)."""
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport {transport!r}: choose one of {', '.join(TRANSPORTS)}")
     from attestation.tpm import Swtpm, TpmSigner, swtpm_available
 
     def say(msg: str) -> None:
@@ -114,11 +123,17 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
         model_sha = sha256_file(base.model.artifact).hex()
         key_path = workdir / "signer.pub.pem"
         key_path.write_bytes(signer.public_key_pem())
-        say(f"starting PLC simulator (UADP on {udp_url}, {rate_hz:g} Hz)")
-        sim = Simulator(udp_url, key_path, model_sha, seed, rate_hz, workdir)
+        say(f"starting PLC simulator ({'UADP on ' + udp_url if transport == 'udp' else 'OPC UA subscription'}, "
+            f"{rate_hz:g} Hz)")
+        sim = Simulator(udp_url, key_path, model_sha, seed, rate_hz, workdir, opcua_frames=transport == "opcua")
+        if transport == "udp":
+            transport_cfg = {"transport.url": udp_url, "transport.interface": "127.0.0.1"}
+        else:
+            transport_cfg = {"transport": {"kind": "opcua-subscription", "publishing_interval_ms": 1.0,
+                                           "node": f"nsu={SIM_NAMESPACE};s=RollingMill.SensorFrame"}}
         cfg: Config = load_config(config_path, {
-            **attestation, "transport.url": udp_url, "transport.interface": "127.0.0.1",
-            "plc.endpoint": sim.endpoint, "plc.command_node": "nsu=urn:sits2026:plc-simulator;s=RollingMill.RollGapCommand",
+            **attestation, **transport_cfg,
+            "plc.endpoint": sim.endpoint, "plc.command_node": f"nsu={SIM_NAMESPACE};s=RollingMill.RollGapCommand",
             "audit.directory": str(workdir / "audit"), "control.socket": str(workdir / "control.sock"),
             **(overrides or {})})
         daemon = Daemon(cfg, signer=signer)
@@ -158,6 +173,8 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
             "latency_us": status["latency_us"],
             "stages_us": {k: {"p50": v["p50"], "p99": v["p99"]} for k, v in status["stages_us"].items()},
             "signer": status["signer"],
+            "transport": transport,
+            "rx_stamp_source": status["rx_stamp_source"],
             "model_sha256": status["model_sha256"],
             "thickness_error_um": {k: round(v, 2) for k, v in plc_stats["thickness_error_um"].items()},
             "failsafe": c["failsafe"],
@@ -192,6 +209,7 @@ def human_summary(r: dict) -> str:
         f"  alerts               {', '.join(f'{k} {v}' for k, v in r['alerts'].items()) or 'none'}",
         f"  rejected by the PLC  {r['rejected_by_plc']} (the simulator verified {r['plc_accepted']} envelopes)",
         f"  signer               {r['signer']}",
+        f"  transport            {r['transport']} (RX timestamps: {r['rx_stamp_source']})",
         f"  model SHA-256        {r['model_sha256']}",
         f"  latency (PLC send -> write acknowledged)  p50 {lat['p50'] / 1000:.2f} ms  p99 {lat['p99'] / 1000:.2f} ms"
         f"  max {lat['max'] / 1000:.2f} ms",

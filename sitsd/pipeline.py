@@ -87,6 +87,7 @@ class ControlLoop:
         self.realtime_priority = realtime_priority
         self.model_sha256 = model.sha256
         self.sequence = 0
+        self.last_rx_source = -1  # RxStampSource of the last frame, for status
         self._consecutive_drops = 0
         self._stop = threading.Event()
         self.thread: threading.Thread | None = None
@@ -133,6 +134,7 @@ class ControlLoop:
         c, stages = self.counters, self.timings.stages
         row = self.timings.next_row()
         c.frames += 1
+        self.last_rx_source = frame.rx_stamp_source
         stages[row, _T["transit"]] = (frame.rx_timestamp_ns - frame.sender_timestamp_ns) * 1e-3
         stages[row, _T["wakeup"]] = (t_loop - frame.rx_timestamp_ns) * 1e-3
         deadline = frame.sender_timestamp_ns + self.deadline_ns

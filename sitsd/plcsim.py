@@ -51,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="PEM public key whose envelopes are accepted (sitsd writes <audit dir>/signer.pub.pem)")
     ap.add_argument("--model-sha256", default=None, help="accept only commands from this model (hex)")
     ap.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    ap.add_argument("--opcua-frames", action="store_true",
+                    help="also write every frame to RollingMill.SensorFrame (for the opcua-subscription transport)")
     ap.add_argument("--control-stdin", action="store_true",
                     help="take 'stats' and 'stop' lines on stdin; end of input stops the simulator")
     return ap
@@ -58,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def run(args) -> int:
     settings = SimulatorSettings(udp_url=args.udp_url, interface=args.interface, rate_hz=args.rate, seed=args.seed,
-                                 publisher_id=args.publisher_id, port=args.port)
+                                 publisher_id=args.publisher_id, port=args.port,
+                                 publish_opcua_frames=args.opcua_frames)
     model = bytes.fromhex(args.model_sha256) if args.model_sha256 else None
     sim = RollingMillSimulator(settings, LazyVerifier(args.trust_key, model))
     await sim.start()

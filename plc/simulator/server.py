@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import numpy as np
 from asyncua import Server, ua
@@ -27,6 +27,8 @@ from ..udp import UdpPublisher
 from .physics import SIGNALS, DisturbanceSequence, MillParameters, Stand
 
 NAMESPACE_URI = "urn:sits2026:plc-simulator"
+FRAME_NODE = "RollingMill.SensorFrame"
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 COMMAND_NODE = "RollingMill.RollGapCommand"
 
 # verify(envelope bytes) -> (sequence, values, failsafe); raises with a reason on rejection.
@@ -101,7 +103,7 @@ class RollingMillSimulator:
             node = await mill.add_variable(ua.NodeId(f"RollingMill.{name}", idx), name, 0.0, ua.VariantType.Double)
             self._signal_nodes.append(node)
         self._frame_node = await mill.add_variable(
-            ua.NodeId("RollingMill.SensorFrame", idx), "SensorFrame", [0.0] * len(SIGNALS), ua.VariantType.Double)
+            ua.NodeId(FRAME_NODE, idx), "SensorFrame", [0.0] * len(SIGNALS), ua.VariantType.Double)
         cmd = await mill.add_variable(ua.NodeId(COMMAND_NODE, idx), "RollGapCommand", b"", ua.VariantType.ByteString)
         await cmd.set_writable()
         server.set_attribute_value_setter(cmd.nodeid, self._on_command_write)
@@ -155,7 +157,9 @@ class RollingMillSimulator:
                                   net_seq, net_seq, time.time_ns(), tuple(reading.tolist()))
                 publisher.send(self._layout.encode(msg))
                 if self._loop is not None and (self.s.publish_opcua_frames or net_seq % 10 == 0):
-                    self._loop.call_soon_threadsafe(self._publish_opcua, reading.tolist(), msg.timestamp_ns)
+                    # every frame when a subscriber reads frames over OPC UA; else 10 Hz for people browsing
+                    self._loop.call_soon_threadsafe(self._publish_opcua, reading.tolist(), msg.timestamp_ns,
+                                                    net_seq % 10 == 0)
                 next_tick += self.dt
                 delay = next_tick - time.monotonic()
                 if delay > 0:
@@ -181,12 +185,15 @@ class RollingMillSimulator:
                 self._err_steps += 1
         self.closed.measure(d, reading)
 
-    def _publish_opcua(self, values: list[float], sent_ns: int) -> None:
+    def _publish_opcua(self, values: list[float], sent_ns: int, with_signals: bool) -> None:
         if self.server is None:
             return
-        stamp = datetime.fromtimestamp(sent_ns / 1e9, tz=timezone.utc)
-        dv = ua.DataValue(ua.Variant(values, ua.VariantType.Double), SourceTimestamp=stamp)
+        stamp = _EPOCH + timedelta(microseconds=sent_ns // 1000)
+        dv = ua.DataValue(ua.Variant(values, ua.VariantType.Double), SourceTimestamp=stamp,
+                          ServerTimestamp=stamp)
         self._loop.create_task(self.server.write_attribute_value(self._frame_node.nodeid, dv))
+        if not with_signals:
+            return
         for node, v in zip(self._signal_nodes, values):
             self._loop.create_task(self.server.write_attribute_value(
                 node.nodeid, ua.DataValue(ua.Variant(v, ua.VariantType.Double))))

@@ -80,3 +80,15 @@ def test_missing_file_and_bad_yaml(tmp_path):
 def test_overrides_apply_before_validation():
     cfg = load_config(EXAMPLE_CONFIG, {"attestation.mode": "software", "timing.deadline_ms": 5})
     assert cfg.attestation.mode == "software" and cfg.timing.deadline_ms == 5
+
+
+def test_transport_kinds_are_a_tagged_union():
+    cfg = load_config(EXAMPLE_CONFIG, {"transport": {"kind": "opcua-subscription",
+                                                     "node": "nsu=urn:x;s=Frame", "publishing_interval_ms": 2}})
+    assert cfg.transport.kind == "opcua-subscription" and cfg.transport.publishing_interval_ms == 2
+    with pytest.raises(ConfigError) as exc:
+        load_config(EXAMPLE_CONFIG, {"transport.kind": "mqtt"})
+    assert "transport" in exc.value.problems[0][0] and "'uadp-udp', 'opcua-subscription'" in str(exc.value)
+    with pytest.raises(ConfigError) as exc:
+        load_config(EXAMPLE_CONFIG, {"transport.publisher_id": "x"})
+    assert exc.value.problems[0][0] == "transport.publisher_id"  # no discriminator value in the path

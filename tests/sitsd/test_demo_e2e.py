@@ -23,3 +23,16 @@ def test_missed_deadlines_send_only_failsafe_commands():
     assert r["commands"] > 50
     assert r["deadline_missed"] == r["frames"] == r["failsafe"] - 1  # plus the startup fail-safe
     assert r["rejected_by_plc"] == 0
+
+
+def test_closed_loop_over_an_opcua_subscription():
+    r = run_demo(seconds=4, progress=None, force_software=True, transport="opcua")
+    assert r["transport"] == "opcua" and r["rx_stamp_source"] == "user"
+    assert r["frames"] > 100 and r["commands"] > 100
+    assert r["rejected_by_plc"] == 0
+    assert r["thickness_error_um"]["closed_loop"] < r["thickness_error_um"]["open_loop"]
+
+
+def test_udp_transport_reports_kernel_stamps():
+    r = run_demo(seconds=2, progress=None, force_software=True)
+    assert r["transport"] == "udp" and r["rx_stamp_source"] == "software"
