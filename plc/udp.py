@@ -8,24 +8,14 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-import struct
-import time
 from urllib.parse import urlparse
 
 import numpy as np
 
 from .errors import TransportError, UadpDecodeError
-from .frame import Frame, RxStampSource
+from .frame import Frame
+from .timestamps import RX_TIMESTAMPING_FLAGS, SO_TIMESTAMPING, rx_stamp_from_cmsg
 from .uadp import FixedLayout
-
-SO_TIMESTAMPING = 37
-SOF_TIMESTAMPING_RX_HARDWARE = 1 << 2
-SOF_TIMESTAMPING_RX_SOFTWARE = 1 << 3
-SOF_TIMESTAMPING_SOFTWARE = 1 << 4
-SOF_TIMESTAMPING_RAW_HARDWARE = 1 << 6
-_RX_FLAGS = (SOF_TIMESTAMPING_RX_HARDWARE | SOF_TIMESTAMPING_RX_SOFTWARE
-             | SOF_TIMESTAMPING_SOFTWARE | SOF_TIMESTAMPING_RAW_HARDWARE)
-_SCM_TIMESTAMPING = struct.Struct("<qqqqqq")  # struct scm_timestamping { timespec ts[3]; }
 
 
 def parse_udp_url(url: str) -> tuple[str, int]:
@@ -46,18 +36,6 @@ def parse_udp_url(url: str) -> tuple[str, int]:
     return parsed.hostname, port
 
 
-def rx_stamp_from_cmsg(ancdata: list[tuple[int, int, bytes]]) -> tuple[int, RxStampSource]:
-    """Pick the RX timestamp from recvmsg ancillary data: hardware first, then software."""
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING and len(data) >= _SCM_TIMESTAMPING.size:
-            sw_s, sw_ns, _, _, hw_s, hw_ns = _SCM_TIMESTAMPING.unpack_from(data)
-            if hw_s or hw_ns:
-                return hw_s * 1_000_000_000 + hw_ns, RxStampSource.HARDWARE
-            if sw_s or sw_ns:
-                return sw_s * 1_000_000_000 + sw_ns, RxStampSource.SOFTWARE
-    return time.time_ns(), RxStampSource.USER
-
-
 class UdpFrameSource:
     """Reads UADP messages of one fixed layout from a UDP socket on the calling thread."""
 
@@ -76,7 +54,7 @@ class UdpFrameSource:
             if is_multicast:
                 mreq = socket.inet_aton(host) + socket.inet_aton(interface)
                 sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, mreq)
-            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, _RX_FLAGS)
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, RX_TIMESTAMPING_FLAGS)
         except OSError as exc:
             sock.close()
             raise TransportError(f"{url}: cannot open UDP receiver on interface {interface}: {exc}") from exc

@@ -93,8 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--software", action="store_true", help="use a software key even if swtpm is installed")
     demo.add_argument("--seed", type=int, default=1, help="disturbance sequence seed (default 1)")
     demo.add_argument("--rate", type=float, default=100.0, help="sensor frames per second (default 100)")
-    demo.add_argument("--transport", choices=("udp", "opcua"), default="udp",
-                      help="how frames reach sitsd: UADP over UDP multicast (default) or an OPC UA subscription")
+    demo.add_argument("--transport", choices=("udp", "opcua", "eth"), default="udp",
+                      help="how frames reach sitsd: UADP over UDP multicast (default), an OPC UA subscription, "
+                      "or UADP over raw Ethernet with a VLAN tag (simulator in a network namespace; needs root)")
     demo.set_defaults(func=_cmd_demo)
 
     status = sub.add_parser("status", help="ask a running sitsd for uptime, model, signer, counters, latency")

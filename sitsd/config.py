@@ -95,6 +95,17 @@ class UadpUdpTransport(_Section):
     dataset_writer_id: int = Field(ge=0, le=0xFFFF)
 
 
+class UadpEthTransport(_Section):
+    """UADP NetworkMessages directly over Ethernet (EtherType 0xB62C), VLAN PCP/VID kept; needs CAP_NET_RAW."""
+
+    kind: Literal["uadp-eth"]
+    url: str = Field(pattern=r"^opc\.eth://", description="opc.eth://<MAC>[:<VID>[.<PCP>]]")
+    interface: str = Field(min_length=1, max_length=15, description="network interface name, e.g. eth1")
+    publisher_id: int = Field(ge=0, le=0xFFFF)
+    writer_group_id: int = Field(ge=0, le=0xFFFF)
+    dataset_writer_id: int = Field(ge=0, le=0xFFFF)
+
+
 class OpcUaSubscriptionTransport(_Section):
     """An OPC UA subscription on one array variable (signals in order, SourceTimestamp = send time)."""
 
@@ -108,8 +119,9 @@ class OpcUaSubscriptionTransport(_Section):
         return _check_node_id(v)
 
 
-TransportSection = Annotated[UadpUdpTransport | OpcUaSubscriptionTransport, Field(discriminator="kind")]
-_TRANSPORT_KINDS = ("uadp-udp", "opcua-subscription")
+TransportSection = Annotated[UadpUdpTransport | UadpEthTransport | OpcUaSubscriptionTransport,
+                             Field(discriminator="kind")]
+_TRANSPORT_KINDS = ("uadp-udp", "uadp-eth", "opcua-subscription")
 
 
 class TimingSection(_Section):

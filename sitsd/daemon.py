@@ -21,6 +21,7 @@ from attestation.signers import SoftwareSigner
 from ep.errors import ModelLoadError
 from ep.session import ModelRunner
 from plc.errors import TransportError
+from plc.eth import EthFrameSource
 from plc.frame import RxStampSource
 from plc.opcua_source import OpcUaSubscriptionSource
 from plc.uadp import FixedLayout
@@ -28,7 +29,7 @@ from plc.udp import UdpFrameSource
 
 from . import control
 from .audit import AuditLog
-from .config import Config, OpcUaSubscriptionTransport
+from .config import Config, OpcUaSubscriptionTransport, UadpEthTransport
 from .errors import StartupError
 from .gates import ConstraintGate, SafetyEnvelope, TimestampGate
 from .log import get_logger
@@ -104,14 +105,17 @@ class Daemon:
         audit_dir.mkdir(parents=True, exist_ok=True)
         (audit_dir / PUBKEY_FILE).write_bytes(self.signer.public_key_pem())
         t = cfg.transport
-        if isinstance(t, OpcUaSubscriptionTransport):
-            self.source = OpcUaSubscriptionSource(len(names), t.publishing_interval_ms)
-        else:
-            try:
+        try:
+            if isinstance(t, OpcUaSubscriptionTransport):
+                self.source = OpcUaSubscriptionSource(len(names), t.publishing_interval_ms)
+            elif isinstance(t, UadpEthTransport):
+                self.source = EthFrameSource(t.url, t.interface, FixedLayout(len(names)), t.publisher_id,
+                                             t.dataset_writer_id)
+            else:
                 self.source = UdpFrameSource(t.url, FixedLayout(len(names)), t.interface, t.publisher_id,
                                              t.dataset_writer_id)
-            except TransportError as exc:
-                raise StartupError(str(exc)) from exc
+        except TransportError as exc:
+            raise StartupError(str(exc)) from exc
         self.loop = ControlLoop(
             source=self.source,
             timestamp_gate=TimestampGate(int(cfg.timing.max_transit_ms * 1e6), int(cfg.timing.max_future_ms * 1e6)),
@@ -318,6 +322,7 @@ class Daemon:
             "transport": self.cfg.transport.kind,
             "rx_stamp_source": (RxStampSource(self.loop.last_rx_source).name.lower()
                                 if self.loop is not None and self.loop.last_rx_source >= 0 else None),
+            "vlan_pcp": self.loop.last_vlan_pcp if self.loop is not None else -1,
             "counters": {**c.as_dict(), "dropped": c.dropped_timestamp + c.dropped_constraint,
                          "lost": self.loop.ts_gate.lost if self.loop else 0,
                          "malformed": self.source.malformed if self.source else 0,

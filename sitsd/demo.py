@@ -26,7 +26,8 @@ from .daemon import Daemon
 from .errors import StartupError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-TRANSPORTS = ("udp", "opcua")
+TRANSPORTS = ("udp", "opcua", "eth")
+DEMO_ETH_URL = "opc.eth://01-00-5E-7F-00-01:100.5"  # multicast MAC, VLAN 100, PCP 5
 SIM_NAMESPACE = "urn:sits2026:plc-simulator"
 DEFAULT_CONFIG = REPO_ROOT / "examples" / "rolling-mill.yaml"
 
@@ -41,12 +42,16 @@ class Simulator:
     """The PLC simulator subprocess, spoken to over its stdin/stdout lines."""
 
     def __init__(self, udp_url: str, trust_key: Path, model_sha256: str, seed: int, rate_hz: float, workdir: Path,
-                 opcua_frames: bool = False):
+                 opcua_frames: bool = False, link=None):
         self._stderr = open(workdir / "plcsim.log", "wb")
+        extra = ["--opcua-frames"] if opcua_frames else []
+        prefix = []
+        if link is not None:  # the PLC lives in its own network namespace behind a veth pair
+            prefix = link.exec_prefix()
+            extra += ["--host", link.plc_ip, "--eth-url", DEMO_ETH_URL, "--eth-interface", link.plc_if]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sitsd.plcsim", "--udp-url", udp_url, "--port", "0", "--trust-key", str(trust_key), "--control-stdin",
-             "--model-sha256", model_sha256, "--seed", str(seed), "--rate", str(rate_hz)]
-            + (["--opcua-frames"] if opcua_frames else []),
+            prefix + [sys.executable, "-m", "sitsd.plcsim", "--udp-url", udp_url, "--port", "0", "--trust-key", str(trust_key), "--control-stdin",
+             "--model-sha256", model_sha256, "--seed", str(seed), "--rate", str(rate_hz)] + extra,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1,
             cwd=str(REPO_ROOT))
         self.log_path = workdir / "plcsim.log"
@@ -92,7 +97,8 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
     """Run the closed loop for `seconds` (or until `frames` frames) and return the summary dict.
 
     transport: "udp" (UADP over UDP multicast, read by the loop thread) or "opcua" (an OPC UA
-    subscription on the simulator's SensorFrame variable)."""
+    subscription on the simulator's SensorFrame variable) or "eth" (UADP over raw Ethernet with a
+    VLAN tag, the simulator in its own network namespace behind a veth pair; needs root)."""
     if transport not in TRANSPORTS:
         raise ValueError(f"transport {transport!r}: choose one of {', '.join(TRANSPORTS)}")
     from attestation.tpm import Swtpm, TpmSigner, swtpm_available
@@ -106,7 +112,12 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
     swtpm = None
     sim = None
     signer = None
+    link = None
     try:
+        if transport == "eth":
+            from .demo_netns import DemoLink
+
+            link = DemoLink().open()
         if swtpm_available() and not force_software:
             swtpm = Swtpm(workdir / "tpm").start()
             signer = TpmSigner(swtpm.tcti)
@@ -123,11 +134,16 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
         model_sha = sha256_file(base.model.artifact).hex()
         key_path = workdir / "signer.pub.pem"
         key_path.write_bytes(signer.public_key_pem())
-        say(f"starting PLC simulator ({'UADP on ' + udp_url if transport == 'udp' else 'OPC UA subscription'}, "
-            f"{rate_hz:g} Hz)")
-        sim = Simulator(udp_url, key_path, model_sha, seed, rate_hz, workdir, opcua_frames=transport == "opcua")
+        how = {"udp": f"UADP on {udp_url}", "opcua": "OPC UA subscription",
+               "eth": f"UADP over Ethernet {DEMO_ETH_URL} via {link.host_if if link else ''}"}[transport]
+        say(f"starting PLC simulator ({how}, {rate_hz:g} Hz)")
+        sim = Simulator(udp_url, key_path, model_sha, seed, rate_hz, workdir, opcua_frames=transport == "opcua",
+                        link=link)
         if transport == "udp":
             transport_cfg = {"transport.url": udp_url, "transport.interface": "127.0.0.1"}
+        elif transport == "eth":
+            transport_cfg = {"transport": {"kind": "uadp-eth", "url": DEMO_ETH_URL, "interface": link.host_if,
+                                           "publisher_id": 7, "writer_group_id": 1, "dataset_writer_id": 1}}
         else:
             transport_cfg = {"transport": {"kind": "opcua-subscription", "publishing_interval_ms": 1.0,
                                            "node": f"nsu={SIM_NAMESPACE};s=RollingMill.SensorFrame"}}
@@ -175,6 +191,7 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
             "signer": status["signer"],
             "transport": transport,
             "rx_stamp_source": status["rx_stamp_source"],
+            "vlan_pcp": status["vlan_pcp"],
             "model_sha256": status["model_sha256"],
             "thickness_error_um": {k: round(v, 2) for k, v in plc_stats["thickness_error_um"].items()},
             "failsafe": c["failsafe"],
@@ -194,6 +211,8 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
             signer.close()
         if swtpm is not None:
             swtpm.stop()
+        if link is not None:
+            link.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -209,7 +228,8 @@ def human_summary(r: dict) -> str:
         f"  alerts               {', '.join(f'{k} {v}' for k, v in r['alerts'].items()) or 'none'}",
         f"  rejected by the PLC  {r['rejected_by_plc']} (the simulator verified {r['plc_accepted']} envelopes)",
         f"  signer               {r['signer']}",
-        f"  transport            {r['transport']} (RX timestamps: {r['rx_stamp_source']})",
+        f"  transport            {r['transport']} (RX timestamps: {r['rx_stamp_source']}"
+        + (f", VLAN PCP {r['vlan_pcp']})" if r["vlan_pcp"] >= 0 else ")"),
         f"  model SHA-256        {r['model_sha256']}",
         f"  latency (PLC send -> write acknowledged)  p50 {lat['p50'] / 1000:.2f} ms  p99 {lat['p99'] / 1000:.2f} ms"
         f"  max {lat['max'] / 1000:.2f} ms",

@@ -88,6 +88,7 @@ class ControlLoop:
         self.model_sha256 = model.sha256
         self.sequence = 0
         self.last_rx_source = -1  # RxStampSource of the last frame, for status
+        self.last_vlan_pcp = -1
         self._consecutive_drops = 0
         self._stop = threading.Event()
         self.thread: threading.Thread | None = None
@@ -135,6 +136,7 @@ class ControlLoop:
         row = self.timings.next_row()
         c.frames += 1
         self.last_rx_source = frame.rx_stamp_source
+        self.last_vlan_pcp = frame.vlan_pcp
         stages[row, _T["transit"]] = (frame.rx_timestamp_ns - frame.sender_timestamp_ns) * 1e-3
         stages[row, _T["wakeup"]] = (t_loop - frame.rx_timestamp_ns) * 1e-3
         deadline = frame.sender_timestamp_ns + self.deadline_ns

@@ -43,7 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
                                  "UADP publisher) that verifies every command envelope before applying it.")
     ap.add_argument("--udp-url", default="opc.udp://239.255.10.1:4840", help="where sensor frames are published")
     ap.add_argument("--interface", default="127.0.0.1", help="address of the interface for multicast")
+    ap.add_argument("--host", default="127.0.0.1", help="address the OPC UA server listens on")
     ap.add_argument("--port", type=int, default=4840, help="OPC UA port (0: any free port)")
+    ap.add_argument("--eth-url", default=None,
+                    help="publish UADP over raw Ethernet instead of UDP, e.g. opc.eth://01-00-5E-7F-00-01:100.5")
+    ap.add_argument("--eth-interface", default=None, help="interface for --eth-url (needs CAP_NET_RAW)")
     ap.add_argument("--rate", type=float, default=100.0, help="frames per second (default 100)")
     ap.add_argument("--seed", type=int, default=1, help="disturbance sequence seed")
     ap.add_argument("--publisher-id", type=int, default=7)
@@ -60,14 +64,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def run(args) -> int:
     settings = SimulatorSettings(udp_url=args.udp_url, interface=args.interface, rate_hz=args.rate, seed=args.seed,
-                                 publisher_id=args.publisher_id, port=args.port,
+                                 publisher_id=args.publisher_id, port=args.port, host=args.host,
+                                 eth_url=args.eth_url, eth_interface=args.eth_interface,
                                  publish_opcua_frames=args.opcua_frames)
+    if bool(args.eth_url) != bool(args.eth_interface):
+        raise SystemExit("sitsctl plcsim: --eth-url and --eth-interface go together")
     model = bytes.fromhex(args.model_sha256) if args.model_sha256 else None
     sim = RollingMillSimulator(settings, LazyVerifier(args.trust_key, model))
     await sim.start()
     publisher = threading.Thread(target=sim.run_publisher, args=(args.duration,), name="plcsim-publisher", daemon=True)
     publisher.start()
-    print(json.dumps({"ready": True, "endpoint": sim.endpoint, "udp_url": args.udp_url}), flush=True)
+    print(json.dumps({"ready": True, "endpoint": sim.endpoint, "udp_url": args.udp_url, "eth_url": args.eth_url}),
+          flush=True)
     loop = asyncio.get_running_loop()
     lines: asyncio.Queue[str] = asyncio.Queue()
 

@@ -69,3 +69,35 @@ def sitsd_args(config: Path, **sets) -> list[str]:
     for key, value in sets.items():
         args += ["--set", f"{key.replace('__', '.')}={value}"]
     return args
+
+
+@pytest.fixture
+def veth_pair():
+    """Two network namespaces joined by a veth pair: (ns_a, if_a, ns_b, if_b). Needs root (CI runs as root)."""
+    import os
+    import subprocess
+
+    tag = f"{os.getpid() % 100000}{random_suffix()}"
+    ns_a, ns_b, if_a, if_b = f"sitsA{tag}", f"sitsB{tag}", f"va{tag}", f"vb{tag}"
+
+    def ip(*args):
+        r = subprocess.run(["ip", *args], capture_output=True, text=True)
+        assert r.returncode == 0, f"ip {' '.join(args)}: {r.stderr.strip()} (network namespaces need root)"
+
+    ip("netns", "add", ns_a)
+    try:
+        ip("netns", "add", ns_b)
+        ip("link", "add", if_a, "netns", ns_a, "type", "veth", "peer", "name", if_b, "netns", ns_b)
+        for ns, ifname in ((ns_a, if_a), (ns_b, if_b)):
+            ip("-n", ns, "link", "set", "lo", "up")
+            ip("-n", ns, "link", "set", ifname, "up")
+        yield ns_a, if_a, ns_b, if_b
+    finally:
+        subprocess.run(["ip", "netns", "del", ns_a], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns_b], capture_output=True)
+
+
+def random_suffix() -> str:
+    import random
+
+    return f"{random.randint(0, 9999):04d}"

@@ -23,6 +23,7 @@ import numpy as np
 from asyncua import Server, ua
 
 from ..uadp import FixedLayout, UadpMessage
+from ..eth import EthPublisher
 from ..udp import UdpPublisher
 from .physics import SIGNALS, DisturbanceSequence, MillParameters, Stand
 
@@ -54,6 +55,8 @@ class SimulatorSettings:
     host: str = "127.0.0.1"
     port: int = 0
     publish_opcua_frames: bool = False
+    eth_url: str | None = None  # publish over raw Ethernet (opc.eth://...) instead of UDP
+    eth_interface: str | None = None
 
 
 class RollingMillSimulator:
@@ -144,7 +147,10 @@ class RollingMillSimulator:
     # -- physics and publishing -------------------------------------------------------------------
     def run_publisher(self, duration_s: float | None = None) -> None:
         """Steps the physics and publishes one frame per tick until stop() (call on its own thread)."""
-        publisher = UdpPublisher(self.s.udp_url, self.s.interface)
+        if self.s.eth_url:
+            publisher = EthPublisher(self.s.eth_url, self.s.eth_interface)
+        else:
+            publisher = UdpPublisher(self.s.udp_url, self.s.interface)
         reading = np.zeros(len(SIGNALS))
         next_tick = time.monotonic()
         end = None if duration_s is None else next_tick + duration_s

@@ -8,7 +8,8 @@ import pytest
 from plc.errors import TransportError
 from plc.frame import RxStampSource
 from plc.uadp import FixedLayout, UadpMessage
-from plc.udp import SO_TIMESTAMPING, UdpFrameSource, UdpPublisher, parse_udp_url, rx_stamp_from_cmsg
+from plc.timestamps import SO_TIMESTAMPING, rx_stamp_from_cmsg
+from plc.udp import UdpFrameSource, UdpPublisher, parse_udp_url
 
 
 def _group_url() -> str:

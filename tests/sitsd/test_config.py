@@ -88,7 +88,7 @@ def test_transport_kinds_are_a_tagged_union():
     assert cfg.transport.kind == "opcua-subscription" and cfg.transport.publishing_interval_ms == 2
     with pytest.raises(ConfigError) as exc:
         load_config(EXAMPLE_CONFIG, {"transport.kind": "mqtt"})
-    assert "transport" in exc.value.problems[0][0] and "'uadp-udp', 'opcua-subscription'" in str(exc.value)
+    assert "transport" in exc.value.problems[0][0] and "'uadp-udp', 'uadp-eth', 'opcua-subscription'" in str(exc.value)
     with pytest.raises(ConfigError) as exc:
         load_config(EXAMPLE_CONFIG, {"transport.publisher_id": "x"})
     assert exc.value.problems[0][0] == "transport.publisher_id"  # no discriminator value in the path

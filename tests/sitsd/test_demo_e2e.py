@@ -36,3 +36,14 @@ def test_closed_loop_over_an_opcua_subscription():
 def test_udp_transport_reports_kernel_stamps():
     r = run_demo(seconds=2, progress=None, force_software=True)
     assert r["transport"] == "udp" and r["rx_stamp_source"] == "software"
+
+
+def test_closed_loop_over_raw_ethernet_between_namespaces():
+    import subprocess
+
+    r = run_demo(seconds=3, progress=None, force_software=True, transport="eth")
+    assert r["transport"] == "eth" and r["rx_stamp_source"] == "software"
+    assert r["vlan_pcp"] == 5  # the 802.1Q priority written by the PLC survives to the Frame
+    assert r["frames"] > 100 and r["commands"] > 100 and r["rejected_by_plc"] == 0
+    leftover = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "sits-plc-" not in leftover  # the demo removed its namespace

@@ -1,0 +1,184 @@
+"""UADP directly over Ethernet (EtherType 0xB62C, opc.eth://<MAC>[:<VID>.<PCP>]), as TSN networks carry it.
+
+Receiving uses an ETH_P_ALL packet socket with PACKET_AUXDATA: a socket bound to 0xB62C gets the
+frame but never sees the VLAN tag (the kernel moves it into skb metadata), and the PCP is what a
+TSN stream's priority is. RX stamps come from SO_TIMESTAMPING as for UDP: the NIC's hardware
+stamp when it has a PHC, the kernel's software stamp otherwise. Sending writes the 802.1Q tag
+itself and sets SO_PRIORITY to the PCP, so no VLAN device is needed. Needs CAP_NET_RAW.
+"""
+from __future__ import annotations
+
+import re
+import socket
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import TransportError, UadpDecodeError
+from .frame import Frame
+from .uadp import FixedLayout
+from .timestamps import RX_TIMESTAMPING_FLAGS, SO_TIMESTAMPING, rx_stamp_from_cmsg
+
+ETH_P_ALL = 0x0003
+ETH_P_UADP = 0xB62C
+ETH_P_8021Q = 0x8100
+SOL_PACKET = 263
+PACKET_ADD_MEMBERSHIP = 1
+PACKET_MR_MULTICAST = 0
+PACKET_AUXDATA = 8
+PACKET_OUTGOING = 4
+TP_STATUS_VLAN_VALID = 1 << 4
+_AUXDATA = struct.Struct("<IIIHHHH")  # struct tpacket_auxdata
+_MIN_PAYLOAD = 46  # shorter Ethernet payloads are zero-padded on the wire
+
+
+@dataclass(frozen=True)
+class EthAddress:
+    mac: bytes
+    vid: int | None
+    pcp: int | None
+
+    @property
+    def mac_text(self) -> str:
+        return "-".join(f"{b:02X}" for b in self.mac)
+
+
+def parse_eth_url(url: str) -> EthAddress:
+    """`opc.eth://01-00-5E-7F-00-01:100.5` -> MAC, VID 100, PCP 5 (VID and PCP optional)."""
+    m = re.fullmatch(r"opc\.eth://((?:[0-9A-Fa-f]{2}-){5}[0-9A-Fa-f]{2})(?::(\d+)(?:\.(\d+))?)?", url)
+    if not m:
+        raise TransportError(f"{url!r}: expected opc.eth://<MAC with hyphens>[:<VID>[.<PCP>]], "
+                             "e.g. opc.eth://01-00-5E-7F-00-01:100.5")
+    vid = int(m.group(2)) if m.group(2) else None
+    pcp = int(m.group(3)) if m.group(3) else None
+    if vid is not None and not 0 <= vid <= 4094:
+        raise TransportError(f"{url!r}: VLAN id {vid} is outside 0..4094")
+    if pcp is not None and not 0 <= pcp <= 7:
+        raise TransportError(f"{url!r}: priority code point {pcp} is outside 0..7")
+    return EthAddress(bytes.fromhex(m.group(1).replace("-", "")), vid, pcp)
+
+
+def _interface_mac(sock: socket.socket) -> bytes:
+    return sock.getsockname()[4][:6]
+
+
+class EthFrameSource:
+    """Reads UADP messages of one fixed layout from an interface, on the calling thread."""
+
+    def __init__(self, url: str, interface: str, layout: FixedLayout,
+                 publisher_id: int | None = None, writer_id: int | None = None) -> None:
+        self.address = parse_eth_url(url)
+        self.layout = layout
+        self._publisher_id = publisher_id
+        self._writer_id = writer_id
+        try:
+            sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+        except PermissionError as exc:
+            raise TransportError(f"{url}: raw Ethernet needs CAP_NET_RAW (the unit grants it): {exc}") from exc
+        try:
+            sock.bind((interface, ETH_P_ALL))
+            sock.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, RX_TIMESTAMPING_FLAGS)
+            if self.address.mac[0] & 1:  # a group address: ask the NIC to accept it
+                ifindex = socket.if_nametoindex(interface)
+                mreq = struct.pack("iHH8s", ifindex, PACKET_MR_MULTICAST, 6, self.address.mac)
+                sock.setsockopt(SOL_PACKET, PACKET_ADD_MEMBERSHIP, mreq)
+        except OSError as exc:
+            sock.close()
+            raise TransportError(f"{url}: cannot listen on interface {interface!r}: {exc}") from exc
+        self._sock = sock
+        self._own_mac = _interface_mac(sock)
+        self._buffer = bytearray(9216)
+        self._view = memoryview(self._buffer)
+        self._values = np.zeros(layout.field_count, dtype=np.float64)
+        self.malformed = 0
+        self.foreign = 0
+        self.last_error: UadpDecodeError | None = None
+        self.last_vid = -1
+
+    def receive(self, timeout_s: float) -> Frame | None:
+        self._sock.settimeout(timeout_s)
+        dst_want = self.address.mac
+        while True:
+            try:
+                nbytes, ancdata, _flags, addr = self._sock.recvmsg_into([self._buffer], 512)
+            except (TimeoutError, BlockingIOError):
+                return None
+            if addr[2] == PACKET_OUTGOING or nbytes < 14:
+                continue
+            buf = self._view
+            if buf[0:6] != dst_want and buf[0:6] != self._own_mac:
+                continue
+            ethertype = (buf[12] << 8) | buf[13]
+            start = 14
+            tci = -1
+            if ethertype == ETH_P_8021Q and nbytes >= 18:  # tag left in the frame (no offload)
+                tci = (buf[14] << 8) | buf[15]
+                ethertype = (buf[16] << 8) | buf[17]
+                start = 18
+            if ethertype != ETH_P_UADP:
+                continue
+            rx_ns, source = rx_stamp_from_cmsg(ancdata)
+            for level, kind, data in ancdata:
+                if level == SOL_PACKET and kind == PACKET_AUXDATA and len(data) >= _AUXDATA.size:
+                    status, _, _, _, _, vlan_tci, _ = _AUXDATA.unpack_from(data)
+                    if status & TP_STATUS_VLAN_VALID:
+                        tci = vlan_tci
+            payload = buf[start:nbytes]
+            if len(payload) > self.layout.size and len(payload) <= _MIN_PAYLOAD:
+                payload = payload[:self.layout.size]  # minimum-size frame: the rest is padding
+            try:
+                publisher_id, _g, writer_id, _n, ds_seq, sent_ns = self.layout.decode_into(payload, self._values)
+            except UadpDecodeError as exc:
+                self.malformed += 1
+                self.last_error = exc
+                continue
+            if (self._publisher_id is not None and publisher_id != self._publisher_id) or (
+                    self._writer_id is not None and writer_id != self._writer_id):
+                self.foreign += 1
+                continue
+            self.last_vid = tci & 0x0FFF if tci >= 0 else -1
+            return Frame(publisher_id, writer_id, ds_seq, sent_ns, rx_ns, source, self._values,
+                         vlan_pcp=tci >> 13 if tci >= 0 else -1)
+
+    def discard_pending(self) -> int:
+        dropped = 0
+        while True:
+            try:
+                self._sock.recv_into(self._buffer, 0, socket.MSG_DONTWAIT)
+                dropped += 1
+            except (BlockingIOError, InterruptedError):
+                return dropped
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class EthPublisher:
+    """Sends UADP payloads as Ethernet frames with an optional 802.1Q tag (the simulator's side)."""
+
+    def __init__(self, url: str, interface: str) -> None:
+        self.address = parse_eth_url(url)
+        try:
+            sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_UADP))
+            sock.bind((interface, 0))
+        except OSError as exc:
+            raise TransportError(f"{url}: cannot send on interface {interface!r}: {exc}") from exc
+        a = self.address
+        if a.pcp is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY, a.pcp)
+        header = a.mac + _interface_mac(sock)
+        if a.vid is not None or a.pcp is not None:
+            header += struct.pack("!HH", ETH_P_8021Q, ((a.pcp or 0) << 13) | (a.vid or 0))
+        self._header = header + struct.pack("!H", ETH_P_UADP)
+        self._sock = sock
+
+    def send(self, payload: bytes) -> None:
+        frame = self._header + payload
+        if len(frame) < 60:
+            frame += bytes(60 - len(frame))
+        self._sock.send(frame)
+
+    def close(self) -> None:
+        self._sock.close()

@@ -1,0 +1,85 @@
+"""UADP over raw Ethernet between two network namespaces joined by a veth pair (real kernel path)."""
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from plc.errors import TransportError
+from plc.eth import EthAddress, parse_eth_url
+
+from ..conftest import REPO
+
+RECEIVER = """
+import json, sys
+from plc.eth import EthFrameSource
+from plc.uadp import FixedLayout
+src = EthFrameSource(sys.argv[1], sys.argv[2], FixedLayout(3), publisher_id=7)
+print("ready", flush=True)
+out = []
+while len(out) < int(sys.argv[3]):
+    f = src.receive(5.0)
+    if f is None:
+        break
+    out.append({"seq": f.sequence_number, "values": f.values.tolist(), "pcp": f.vlan_pcp, "vid": src.last_vid,
+                "source": f.rx_stamp_source.name, "sent": f.sender_timestamp_ns, "rx": f.rx_timestamp_ns})
+print(json.dumps({"frames": out, "malformed": src.malformed, "foreign": src.foreign}), flush=True)
+"""
+
+PUBLISHER = """
+import sys, time
+from plc.eth import EthPublisher
+from plc.uadp import FixedLayout, UadpMessage
+pub = EthPublisher(sys.argv[1], sys.argv[2])
+layout = FixedLayout(3)
+pub.send(b"not uadp at all")
+pub.send(layout.encode(UadpMessage(8, 1, 1, 99, 99, time.time_ns(), (0.0, 0.0, 0.0))))  # another publisher
+for seq in range(1, int(sys.argv[3]) + 1):
+    pub.send(layout.encode(UadpMessage(7, 1, 1, seq, seq, time.time_ns(), (seq, -1.5, 2.0 * seq))))
+    time.sleep(0.002)
+"""
+
+
+def _exchange(veth_pair, url: str, count: int) -> dict:
+    ns_a, if_a, ns_b, if_b = veth_pair
+    receiver = subprocess.Popen(["ip", "netns", "exec", ns_b, sys.executable, "-c", RECEIVER, url, if_b, str(count)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert receiver.stdout.readline().strip() == "ready", receiver.stderr.read()
+        pub = subprocess.run(["ip", "netns", "exec", ns_a, sys.executable, "-c", PUBLISHER, url, if_a, str(count)],
+                             capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert pub.returncode == 0, pub.stderr
+        out, err = receiver.communicate(timeout=30)
+    finally:
+        if receiver.poll() is None:
+            receiver.kill()
+    assert receiver.returncode == 0, err
+    return json.loads(out.splitlines()[-1])
+
+
+@pytest.mark.parametrize("url,pcp,vid", [
+    ("opc.eth://01-00-5E-7F-00-01:100.5", 5, 100),  # multicast group, VLAN 100, priority 5
+    ("opc.eth://01-00-5E-7F-00-01:0.3", 3, 0),  # priority-tagged only
+    ("opc.eth://01-00-5E-7F-00-01", -1, -1),  # untagged
+])
+def test_frames_cross_namespaces_with_vlan_priority_and_kernel_stamps(veth_pair, url, pcp, vid):
+    result = _exchange(veth_pair, url, 20)
+    frames = result["frames"]
+    assert [f["seq"] for f in frames] == list(range(1, 21))
+    assert frames[4]["values"] == [5.0, -1.5, 10.0]
+    assert {f["pcp"] for f in frames} == {pcp}
+    assert {f["vid"] for f in frames} == {vid}
+    assert {f["source"] for f in frames} == {"SOFTWARE"}  # veth has no PHC: the kernel's software stamp
+    assert all(0 <= f["rx"] - f["sent"] < 1_000_000_000 for f in frames)
+    assert result["foreign"] == 1  # the other publisher's frame was skipped, not decoded into ours
+    assert result["malformed"] == 1  # the non-UADP payload was counted, not raised
+
+
+def test_parse_eth_url():
+    assert parse_eth_url("opc.eth://01-00-5E-7F-00-01:8.3") == EthAddress(bytes.fromhex("01005E7F0001"), 8, 3)
+    assert parse_eth_url("opc.eth://02-00-00-00-00-0A") == EthAddress(bytes.fromhex("02000000000A"), None, None)
+    for bad, msg in (("opc.eth://01:00:5E:7F:00:01", "hyphens"), ("opc.eth://01-00-5E-7F-00-01:5000", "VLAN id"),
+                     ("opc.eth://01-00-5E-7F-00-01:1.9", "priority code point")):
+        with pytest.raises(TransportError, match=msg):
+            parse_eth_url(bad)
