@@ -257,15 +257,20 @@ class Daemon:
             await self._client.disconnect()
         except Exception:  # the session is already gone; nothing to close cleanly
             pass
+        delay, attempt = 0.1, 0
         while not self._stop.is_set():
+            attempt += 1
             try:
                 await self._connect_plc()
                 self.state = "running"
-                self.log.info("reconnected to PLC", endpoint=self.cfg.plc.endpoint)
+                self.log.info("reconnected to PLC", endpoint=self.cfg.plc.endpoint, attempts=attempt)
                 return
             except StartupError as exc:
-                self.log.warning("PLC reconnect failed", error=str(exc).splitlines()[0])
-                await asyncio.sleep(1.0)
+                if attempt <= 3 or attempt % 10 == 0:
+                    self.log.warning("PLC reconnect failed", error=str(exc).splitlines()[0], attempt=attempt,
+                                     retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)  # back off, but never wait long once the PLC is back
 
     def _alert(self, kind: str, reason: str, item: Outgoing | None = None) -> None:
         self.alerts.append((time.time_ns(), kind, reason, 0, item.frame_sequence if item else 0))
