@@ -15,6 +15,7 @@ EPILOG = """examples:
   sitsctl demo --seconds 10 --json     ... and a JSON summary as the last line of stdout
   sitsctl status --config rolling-mill.yaml
   sitsctl check-config --config rolling-mill.yaml
+  sitsctl pki init --config rolling-mill.yaml   create this device's OPC UA certificate
   sitsctl plcsim --trust-key /var/lib/sitsd/audit/signer.pub.pem
 """
 
@@ -33,7 +34,7 @@ def _cmd_demo(args) -> int:
     from .demo import human_summary, run_demo
 
     result = run_demo(seconds=args.seconds, config_path=args.config, force_software=args.software,
-                      seed=args.seed, rate_hz=args.rate, transport=args.transport)
+                      seed=args.seed, rate_hz=args.rate, transport=args.transport, security=args.security)
     print(human_summary(result))
     if args.json:
         print(json.dumps(result))
@@ -78,6 +79,44 @@ def _cmd_check_config(args) -> int:
     return 0
 
 
+def _cmd_pki(args) -> int:
+    from plc.opcua_security import Pki, subject_cn, thumbprint
+
+    from .config import load_config
+
+    cfg = load_config(args.config, parse_overrides(args.set))
+    pki = Pki(cfg.plc.pki_dir)
+    if args.action == "init":
+        if pki.has_own() and not args.force:
+            cert = pki.load_own()
+            print(f"{pki.own_cert} exists (CN={subject_cn(cert)}, SHA-1 {thumbprint(cert)}); --force replaces it")
+        else:
+            cert = pki.create_own(cfg.plc.application_uri, f"sitsd {cfg.line}", server=False)
+            print(f"created {pki.own_cert} and {pki.own_key} (CN={subject_cn(cert)}, SHA-1 {thumbprint(cert)})")
+        print(f"next: add {pki.own_cert} to the PLC's trusted client certificates, and put the PLC's "
+              f"certificate into {pki.trusted} (or `sitsctl pki trust --config ... CERT`)")
+    elif args.action == "trust":
+        from cryptography import x509
+
+        if args.certificate is None:
+            raise SystemExit("sitsctl pki trust: give the certificate file to trust")
+        data = args.certificate.read_bytes()
+        cert = x509.load_pem_x509_certificate(data) if data.startswith(b"-----") else x509.load_der_x509_certificate(data)
+        print(f"trusted CN={subject_cn(cert)} (SHA-1 {thumbprint(cert)}): {pki.trust(cert)}")
+    else:
+        if pki.has_own():
+            cert = pki.load_own()
+            print(f"own      CN={subject_cn(cert)}  SHA-1 {thumbprint(cert)}  valid until {cert.not_valid_after_utc:%Y-%m-%d}")
+        else:
+            print(f"own      none (run: sitsctl pki init --config {args.config})")
+        for label, folder in (("trusted", pki.trusted), ("rejected", pki.rejected)):
+            files = sorted(folder.iterdir()) if folder.is_dir() else []
+            print(f"{label:8} {len(files)} certificate(s) in {folder}")
+            for f in files:
+                print(f"           {f.name}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="sitsctl", description="Control and inspect sits2026 (sitsd).",
                                  epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -96,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--transport", choices=("udp", "opcua", "eth"), default="udp",
                       help="how frames reach sitsd: UADP over UDP multicast (default), an OPC UA subscription, "
                       "or UADP over raw Ethernet with a VLAN tag (simulator in a network namespace; needs root)")
+    demo.add_argument("--security", choices=("none", "sign", "sign-and-encrypt"), default="sign-and-encrypt",
+                      help="OPC UA message security between sitsd and the simulator (default sign-and-encrypt)")
     demo.set_defaults(func=_cmd_demo)
 
     status = sub.add_parser("status", help="ask a running sitsd for uptime, model, signer, counters, latency")
@@ -110,6 +151,17 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--config", type=Path, required=True)
     check.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
     check.set_defaults(func=_cmd_check_config)
+
+    pki = sub.add_parser("pki", help="OPC UA certificates: create this device's, trust the PLC's, list both",
+                         description="Manages plc.pki_dir: own/cert.der and own/private/key.pem (this device), "
+                         "trusted/certs (PLC certificates sitsd accepts), rejected/certs (refused ones, saved "
+                         "for review: move a file to trusted/certs to accept it).")
+    pki.add_argument("action", choices=("init", "trust", "show"))
+    pki.add_argument("certificate", nargs="?", type=Path, help="for trust: the PLC certificate (DER or PEM)")
+    pki.add_argument("--config", type=Path, required=True)
+    pki.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
+    pki.add_argument("--force", action="store_true", help="init: replace an existing certificate")
+    pki.set_defaults(func=_cmd_pki)
 
     plcsim = sub.add_parser("plcsim", help="run the rolling-mill PLC simulator (see sitsctl plcsim --help)",
                             add_help=False)

@@ -75,7 +75,11 @@ class PlcSection(_Section):
     endpoint: str = Field(pattern=r"^opc\.tcp://")
     profile: Literal["simulator", "s7-1500", "controllogix", "melsec-iq-r"]
     command_node: str = Field(description="NodeId of the ByteString command variable: ns=<i>;s=... or nsu=<uri>;s=...")
-    security: Literal["none"] = "none"
+    security: Literal["none", "sign", "sign-and-encrypt"] = Field(
+        default="sign-and-encrypt", description="Basic256Sha256 message security of the OPC UA session")
+    pki_dir: Path = Field(default=Path("/etc/sitsd/pki"),
+                          description="own/cert.der, own/private/key.pem, trusted/certs, rejected/certs")
+    application_uri: str = Field(default="urn:sits2026:sitsd", min_length=1)
     timeout_s: float = Field(default=4.0, gt=0)
 
     @field_validator("command_node")
@@ -270,6 +274,7 @@ def _resolve_paths(data: dict, base: Path) -> None:
             section[key] = str(p if p.is_absolute() else (base / p))
 
     fix(data.get("model"), "artifact")
+    fix(data.get("plc"), "pki_dir")
     fix(data.get("audit"), "directory")
     fix(data.get("control"), "socket")
     for m in data.get("modules") or []:

@@ -23,6 +23,7 @@ from ep.session import ModelRunner
 from plc.errors import TransportError
 from plc.eth import EthFrameSource
 from plc.frame import RxStampSource
+from plc.opcua_security import SECURITY_MODES, SECURITY_POLICY, Pki, TrustListValidator, thumbprint
 from plc.opcua_source import OpcUaSubscriptionSource
 from plc.uadp import FixedLayout
 from plc.udp import UdpFrameSource
@@ -38,6 +39,10 @@ from .pipeline import ControlLoop, Counters, Outgoing
 from .stats import STAGE_INDEX, TimingRing
 
 QUEUE_DEPTH = 8
+# status codes a server answers with when it does not accept the client's certificate
+_CERT_REFUSED = {ua.StatusCodes.BadSecurityChecksFailed, ua.StatusCodes.BadCertificateUntrusted,
+                 ua.StatusCodes.BadCertificateInvalid, ua.StatusCodes.BadIdentityTokenRejected,
+                 ua.StatusCodes.BadCertificateUriInvalid, ua.StatusCodes.BadCertificateUseNotAllowed}
 PUBKEY_FILE = "signer.pub.pem"
 
 
@@ -147,8 +152,23 @@ class Daemon:
     async def _connect_plc(self) -> None:
         p = self.cfg.plc
         client = Client(p.endpoint, timeout=p.timeout_s)
+        validator = None
         try:
+            if p.security != "none":
+                validator = await self._secure(client)
             await client.connect()
+        except StartupError:
+            raise
+        except ua.UaStatusCodeError as exc:
+            if validator is not None and validator.last_rejected is not None:
+                raise StartupError(f"the PLC at {p.endpoint}: {validator.explain()}") from exc
+            if validator is not None and exc.code in _CERT_REFUSED:
+                pki = Pki(p.pki_dir)
+                raise StartupError(
+                    f"the PLC at {p.endpoint} refused this client's certificate (SHA-1 "
+                    f"{thumbprint(pki.load_own())}): {type(exc).__name__}\n  fix: add {pki.own_cert} to the "
+                    f"PLC's trusted certificates") from exc
+            raise StartupError(f"cannot connect to the PLC at {p.endpoint}: {exc}") from exc
         except (OSError, asyncio.TimeoutError, ua.UaError) as exc:
             raise StartupError(f"cannot connect to the PLC at {p.endpoint}: {exc or type(exc).__name__}\n"
                                f"  fix: check plc.endpoint and that the PLC's OPC UA server is running") from exc
@@ -171,6 +191,25 @@ class Daemon:
             await client.disconnect()
             raise
         self._client, self._command_node = client, node
+
+    async def _secure(self, client: Client) -> TrustListValidator:
+        """Basic256Sha256 with this device's certificate; the PLC's certificate must be in the trust list."""
+        p = self.cfg.plc
+        pki = Pki(p.pki_dir)
+        if not pki.has_own():
+            raise StartupError(f"plc.security is {p.security} but {pki.root} holds no client certificate\n"
+                               f"  fix: sitsctl pki init --config <this config>, then add {pki.own_cert} to the "
+                               f"PLC's trusted certificates (or set plc.security: none on an isolated test bench)")
+        client.application_uri = p.application_uri
+        validator = TrustListValidator(pki, peer_is_server=True)
+        client.certificate_validator = validator
+        try:
+            await client.set_security(SECURITY_POLICY, str(pki.own_cert), str(pki.own_key),
+                                      mode=SECURITY_MODES[p.security])
+        except ua.UaError as exc:  # no endpoint with this policy and mode
+            raise StartupError(f"the PLC at {p.endpoint} offers no Basic256Sha256 {p.security} endpoint: {exc}\n"
+                               f"  fix: enable that security policy on the PLC or change plc.security") from exc
+        return validator
 
     @staticmethod
     async def _resolve_node(client: Client, text: str, field: str) -> ua.NodeId:

@@ -42,9 +42,11 @@ class Simulator:
     """The PLC simulator subprocess, spoken to over its stdin/stdout lines."""
 
     def __init__(self, udp_url: str, trust_key: Path, model_sha256: str, seed: int, rate_hz: float, workdir: Path,
-                 opcua_frames: bool = False, link=None):
+                 opcua_frames: bool = False, link=None, security: str = "none", pki: Path | None = None):
         self._stderr = open(workdir / "plcsim.log", "wb")
         extra = ["--opcua-frames"] if opcua_frames else []
+        if security != "none":
+            extra += ["--security", security, "--pki", str(pki)]
         prefix = []
         if link is not None:  # the PLC lives in its own network namespace behind a veth pair
             prefix = link.exec_prefix()
@@ -93,7 +95,8 @@ class Simulator:
 
 def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_path: Path | None = None,
              progress: TextIO | None = sys.stderr, force_software: bool = False, seed: int = 1,
-             rate_hz: float = 100.0, overrides: dict | None = None, transport: str = "udp") -> dict:
+             rate_hz: float = 100.0, overrides: dict | None = None, transport: str = "udp",
+             security: str = "sign-and-encrypt") -> dict:
     """Run the closed loop for `seconds` (or until `frames` frames) and return the summary dict.
 
     transport: "udp" (UADP over UDP multicast, read by the loop thread) or "opcua" (an OPC UA
@@ -137,8 +140,12 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
         how = {"udp": f"UADP on {udp_url}", "opcua": "OPC UA subscription",
                "eth": f"UADP over Ethernet {DEMO_ETH_URL} via {link.host_if if link else ''}"}[transport]
         say(f"starting PLC simulator ({how}, {rate_hz:g} Hz)")
+        plc_pki = workdir / "pki-plc"
+        if security != "none":
+            _cross_trust(workdir / "pki-sitsd", plc_pki, link.plc_ip if link else "127.0.0.1")
+            say(f"OPC UA security: Basic256Sha256 {security}, certificates trusted both ways")
         sim = Simulator(udp_url, key_path, model_sha, seed, rate_hz, workdir, opcua_frames=transport == "opcua",
-                        link=link)
+                        link=link, security=security, pki=plc_pki)
         if transport == "udp":
             transport_cfg = {"transport.url": udp_url, "transport.interface": "127.0.0.1"}
         elif transport == "eth":
@@ -150,6 +157,7 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
         cfg: Config = load_config(config_path, {
             **attestation, **transport_cfg,
             "plc.endpoint": sim.endpoint, "plc.command_node": f"nsu={SIM_NAMESPACE};s=RollingMill.RollGapCommand",
+            "plc.security": security, "plc.pki_dir": str(workdir / "pki-sitsd"),
             "audit.directory": str(workdir / "audit"), "control.socket": str(workdir / "control.sock"),
             **(overrides or {})})
         daemon = Daemon(cfg, signer=signer)
@@ -190,6 +198,7 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
             "stages_us": {k: {"p50": v["p50"], "p99": v["p99"]} for k, v in status["stages_us"].items()},
             "signer": status["signer"],
             "transport": transport,
+            "security": security,
             "rx_stamp_source": status["rx_stamp_source"],
             "vlan_pcp": status["vlan_pcp"],
             "model_sha256": status["model_sha256"],
@@ -216,6 +225,18 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _cross_trust(client_dir: Path, server_dir: Path, server_ip: str) -> None:
+    """Certificates for both ends of the demo's OPC UA session, each trusting the other."""
+    from plc.opcua_security import Pki
+
+    client, server = Pki(client_dir), Pki(server_dir)
+    client_cert = client.create_own("urn:sits2026:sitsd", "sitsd demo", server=False)
+    server_cert = server.create_own("urn:sits2026:plc-simulator", "sits2026 PLC simulator", server=True,
+                                    hostnames=[socket.gethostname(), "localhost"], ips=[server_ip])
+    client.trust(server_cert)
+    server.trust(client_cert)
+
+
 def human_summary(r: dict) -> str:
     lat, th = r["latency_us"], r["thickness_error_um"]
     improvement = th["open_loop"] / th["closed_loop"] if th["closed_loop"] else float("inf")
@@ -228,6 +249,7 @@ def human_summary(r: dict) -> str:
         f"  alerts               {', '.join(f'{k} {v}' for k, v in r['alerts'].items()) or 'none'}",
         f"  rejected by the PLC  {r['rejected_by_plc']} (the simulator verified {r['plc_accepted']} envelopes)",
         f"  signer               {r['signer']}",
+        f"  OPC UA security      {r['security']}",
         f"  transport            {r['transport']} (RX timestamps: {r['rx_stamp_source']}"
         + (f", VLAN PCP {r['vlan_pcp']})" if r["vlan_pcp"] >= 0 else ")"),
         f"  model SHA-256        {r['model_sha256']}",

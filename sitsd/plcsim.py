@@ -55,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="PEM public key whose envelopes are accepted (sitsd writes <audit dir>/signer.pub.pem)")
     ap.add_argument("--model-sha256", default=None, help="accept only commands from this model (hex)")
     ap.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    ap.add_argument("--security", choices=("none", "sign", "sign-and-encrypt"), default="none",
+                    help="OPC UA message security (Basic256Sha256); anything but none needs --pki")
+    ap.add_argument("--pki", type=Path, default=None,
+                    help="PKI directory: own certificate (created if missing), trusted/certs for client certificates")
     ap.add_argument("--opcua-frames", action="store_true",
                     help="also write every frame to RollingMill.SensorFrame (for the opcua-subscription transport)")
     ap.add_argument("--control-stdin", action="store_true",
@@ -66,7 +70,10 @@ async def run(args) -> int:
     settings = SimulatorSettings(udp_url=args.udp_url, interface=args.interface, rate_hz=args.rate, seed=args.seed,
                                  publisher_id=args.publisher_id, port=args.port, host=args.host,
                                  eth_url=args.eth_url, eth_interface=args.eth_interface,
+                                 security=args.security, pki_dir=str(args.pki) if args.pki else None,
                                  publish_opcua_frames=args.opcua_frames)
+    if args.security != "none" and args.pki is None:
+        raise SystemExit("sitsctl plcsim: --security needs --pki DIR")
     if bool(args.eth_url) != bool(args.eth_interface):
         raise SystemExit("sitsctl plcsim: --eth-url and --eth-interface go together")
     model = bytes.fromhex(args.model_sha256) if args.model_sha256 else None

@@ -36,8 +36,8 @@ def plcsim(tmp_path):
 
     procs = []
 
-    def start(trust_key: Path, model_sha256: str | None = None, port: int = 0,
-              udp_url: str | None = None) -> tuple[str, str, subprocess.Popen]:
+    def start(trust_key: Path, model_sha256: str | None = None, port: int = 0, udp_url: str | None = None,
+              security: str = "none", pki: Path | None = None) -> tuple[str, str, subprocess.Popen]:
         if udp_url is None:
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
                 s.bind(("127.0.0.1", 0))
@@ -46,6 +46,8 @@ def plcsim(tmp_path):
                 "--trust-key", str(trust_key), "--control-stdin"]
         if model_sha256:
             args += ["--model-sha256", model_sha256]
+        if security != "none":
+            args += ["--security", security, "--pki", str(pki)]
         proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
                                 env=dict(os.environ, PYTHONUNBUFFERED="1"))
         procs.append(proc)

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from datetime import datetime, timedelta, timezone
 
 import numpy as np
@@ -24,6 +26,7 @@ from asyncua import Server, ua
 
 from ..uadp import FixedLayout, UadpMessage
 from ..eth import EthPublisher
+from ..opcua_security import SERVER_POLICIES, Pki, TrustListValidator
 from ..udp import UdpPublisher
 from .physics import SIGNALS, DisturbanceSequence, MillParameters, Stand
 
@@ -57,6 +60,9 @@ class SimulatorSettings:
     publish_opcua_frames: bool = False
     eth_url: str | None = None  # publish over raw Ethernet (opc.eth://...) instead of UDP
     eth_interface: str | None = None
+    security: str = "none"  # none | sign | sign-and-encrypt (Basic256Sha256)
+    pki_dir: str | None = None  # created with a self-signed server certificate when empty
+    application_uri: str = "urn:sits2026:plc-simulator"
 
 
 class RollingMillSimulator:
@@ -98,7 +104,10 @@ class RollingMillSimulator:
         await server.init()
         server.set_endpoint(f"opc.tcp://{self.s.host}:{self.s.port}/sits/plcsim")
         server.set_server_name("sits2026 rolling-mill PLC simulator")
-        server.set_security_policy([ua.SecurityPolicyType.NoSecurity])
+        if self.s.security == "none":
+            server.set_security_policy([ua.SecurityPolicyType.NoSecurity])
+        else:
+            await self._secure(server)
         idx = await server.register_namespace(NAMESPACE_URI)
         mill = await server.nodes.objects.add_object(ua.NodeId("RollingMill", idx), "RollingMill")
         self._signal_nodes = []
@@ -115,6 +124,21 @@ class RollingMillSimulator:
         self.endpoint = f"opc.tcp://{self.s.host}:{server.bserver.port}/sits/plcsim"
         self.namespace_index = idx
         self._loop = asyncio.get_running_loop()
+
+    async def _secure(self, server: Server) -> None:
+        """Only Basic256Sha256 endpoints; clients must be in the simulator's trust list, like a real PLC."""
+        if not self.s.pki_dir:
+            raise ValueError("security other than none needs pki_dir")
+        pki = Pki(Path(self.s.pki_dir))
+        if not pki.has_own():
+            pki.create_own(self.s.application_uri, "sits2026 PLC simulator", server=True,
+                           hostnames=[socket.gethostname(), "localhost"], ips=[self.s.host])
+        await server.set_application_uri(self.s.application_uri)
+        server.set_security_policy([SERVER_POLICIES[self.s.security]])
+        await server.load_certificate(str(pki.own_cert))
+        await server.load_private_key(str(pki.own_key))
+        self.client_validator = TrustListValidator(pki, peer_is_server=False)
+        server.set_certificate_validator(self.client_validator)
 
     def _on_command_write(self, node_data, attr, datavalue: ua.DataValue) -> None:
         """asyncua calls this on the server's loop for every write to RollGapCommand."""

@@ -11,7 +11,7 @@ def test_plc_that_does_not_trust_the_key_refuses_startup(plcsim, tmp_path):
     other_key.write_bytes(SoftwareSigner().public_key_pem())
     endpoint, udp_url, _ = plcsim(other_key)
     r = subprocess.run(sitsd_args(EXAMPLE_CONFIG, plc__endpoint=endpoint, transport__url=udp_url,
-                                  attestation__mode="software", audit__directory=tmp_path / "audit",
+                                  attestation__mode="software", plc__security="none", audit__directory=tmp_path / "audit",
                                   control__socket=tmp_path / "c.sock"),
                        capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode == 1
@@ -21,7 +21,7 @@ def test_plc_that_does_not_trust_the_key_refuses_startup(plcsim, tmp_path):
 
 def test_unreachable_plc_is_a_startup_error(tmp_path):
     r = subprocess.run(sitsd_args(EXAMPLE_CONFIG, plc__endpoint="opc.tcp://127.0.0.1:9/none",
-                                  plc__timeout_s=1, attestation__mode="software",
+                                  plc__timeout_s=1, attestation__mode="software", plc__security="none",
                                   audit__directory=tmp_path / "audit", control__socket=tmp_path / "c.sock"),
                        capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode == 1
@@ -59,7 +59,7 @@ def test_plc_restart_reconnects_and_commands_resume(plcsim, tmp_path):
     endpoint, udp_url, sim = plcsim(audit / "signer.pub.pem", port=port)
     control = tmp_path / "c.sock"
     daemon = subprocess.Popen(sitsd_args(EXAMPLE_CONFIG, plc__endpoint=endpoint, transport__url=udp_url,
-                                         attestation__mode="software", audit__directory=audit,
+                                         attestation__mode="software", plc__security="none", audit__directory=audit,
                                          control__socket=control),
                               stderr=open(tmp_path / "sitsd.log", "wb"), cwd=REPO)
     try:
@@ -94,7 +94,7 @@ def test_plc_restart_reconnects_and_commands_resume(plcsim, tmp_path):
 
 
 def test_pinned_model_hash_mismatch_refuses_startup(tmp_path):
-    r = subprocess.run(sitsd_args(EXAMPLE_CONFIG, model__sha256="ab" * 32, attestation__mode="software",
+    r = subprocess.run(sitsd_args(EXAMPLE_CONFIG, model__sha256="ab" * 32, attestation__mode="software", plc__security="none",
                                   audit__directory=tmp_path / "audit", control__socket=tmp_path / "c.sock"),
                        capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode == 1
@@ -112,7 +112,7 @@ def test_malformed_frames_are_reported_and_the_loop_keeps_running(plcsim, tmp_pa
     endpoint, udp_url, _ = plcsim(audit / "signer.pub.pem")
     control = tmp_path / "c.sock"
     daemon = subprocess.Popen(sitsd_args(EXAMPLE_CONFIG, plc__endpoint=endpoint, transport__url=udp_url,
-                                         attestation__mode="software", audit__directory=audit,
+                                         attestation__mode="software", plc__security="none", audit__directory=audit,
                                          control__socket=control),
                               stderr=open(tmp_path / "sitsd.log", "wb"), cwd=REPO)
     try:

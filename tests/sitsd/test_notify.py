@@ -60,7 +60,7 @@ def test_sitsd_process_notifies_serves_status_and_stops_cleanly(manager, plcsim,
     audit = tmp_path / "audit"
     endpoint, udp_url, sim = plcsim(audit / "signer.pub.pem")
     control = tmp_path / "control.sock"
-    args = sitsd_args(EXAMPLE_CONFIG, plc__endpoint=endpoint, transport__url=udp_url, attestation__mode="software",
+    args = sitsd_args(EXAMPLE_CONFIG, plc__endpoint=endpoint, transport__url=udp_url, attestation__mode="software", plc__security="none",
                       audit__directory=audit, control__socket=control)
     env = dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC="400000")
     daemon = subprocess.Popen(args, env=env, stderr=open(tmp_path / "sitsd.log", "wb"), cwd=REPO)
