@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     pki.add_argument("--force", action="store_true", help="init: replace an existing certificate")
     pki.set_defaults(func=_cmd_pki)
 
-    plcsim = sub.add_parser("plcsim", help="run the rolling-mill PLC simulator (see sitsctl plcsim --help)",
+    sub.add_parser("plcsim", help="run the rolling-mill PLC simulator (see sitsctl plcsim --help)",
                             add_help=False)
     return ap
 

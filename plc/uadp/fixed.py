@@ -8,12 +8,13 @@ about a microsecond; anything that does not match raises UadpDecodeError with th
 """
 from __future__ import annotations
 
+import operator
 import struct
 from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import UadpDecodeError
+from ..errors import UadpDecodeError
 
 # DateTime in OPC UA: 100 ns ticks since 1601-01-01 UTC.
 _EPOCH_DELTA_TICKS = 116_444_736_000_000_000
@@ -63,6 +64,12 @@ class FixedLayout:
         self._fields = struct.Struct("<" + "Bd" * field_count)
         self.size = _HEADER.size + self._fields.size
         self._buffer = bytearray(self.size)
+        self._whole = struct.Struct(_HEADER.format + "Bd" * field_count)
+        tag_positions = range(14, 14 + 2 * field_count, 2)
+        self._constants = operator.itemgetter(0, 1, 3, 6, 9, 10, 13, *tag_positions)
+        self._expected = (UADP_FLAGS, EXT_FLAGS1, GROUP_FLAGS, 1, DATASET_FLAGS1, DATASET_FLAGS2, field_count) + (
+            VARIANT_DOUBLE,) * field_count
+        self._last_values: tuple[float, ...] = ()
 
     def encode(self, msg: UadpMessage) -> bytes:
         if len(msg.values) != self.field_count:
@@ -83,26 +90,35 @@ class FixedLayout:
         return bytes(self._buffer)
 
     def decode(self, data: bytes | memoryview) -> UadpMessage:
-        head = self.decode_header(data)
-        values = self._fields.unpack_from(data, _HEADER.size)
-        tags = values[0::2]
-        if tags.count(VARIANT_DOUBLE) != self.field_count:
-            for i, tag in enumerate(tags):
-                if tag != VARIANT_DOUBLE:
-                    raise UadpDecodeError(
-                        f"field {i} has Variant type 0x{tag:02x}, layout expects Double (0x0b)",
-                        _HEADER.size + 9 * i)
-        return UadpMessage(*head, values=values[1::2])
+        return UadpMessage(*self._decode(data), values=self._last_values)
 
     def decode_into(self, data: bytes | memoryview, out: np.ndarray) -> tuple[int, int, int, int, int, int]:
         """Decode the header and write the field values into `out` (float64, preallocated)."""
-        head = self.decode_header(data)
-        values = self._fields.unpack_from(data, _HEADER.size)
-        tags = values[0::2]
-        if tags.count(VARIANT_DOUBLE) != self.field_count:
-            self.decode(data)  # raises with the offset of the first bad tag
-        out[:] = values[1::2]
+        head = self._decode(data)
+        out[:] = self._last_values
         return head
+
+    def _decode(self, data: bytes | memoryview) -> tuple[int, int, int, int, int, int]:
+        # One unpack of the whole message and one tuple comparison of every constant byte (flags,
+        # counts, Variant tags); only a message that fails it takes the slow path that names the
+        # offending byte.
+        if len(data) != self.size:
+            self._explain(data)
+        v = self._whole.unpack_from(data)
+        if self._constants(v) != self._expected:
+            self._explain(data)
+        self._last_values = v[15::2]
+        return v[2], v[4], v[7], v[5], v[11], (v[12] - _EPOCH_DELTA_TICKS) * 100
+
+    def _explain(self, data: bytes | memoryview) -> None:
+        """Raise UadpDecodeError for the first byte that breaks the layout."""
+        self.decode_header(data)
+        tags = self._fields.unpack_from(data, _HEADER.size)[0::2]
+        for i, tag in enumerate(tags):
+            if tag != VARIANT_DOUBLE:
+                raise UadpDecodeError(f"field {i} has Variant type 0x{tag:02x}, layout expects Double (0x0b)",
+                                      _HEADER.size + 9 * i)
+        raise AssertionError("_explain called on a message that matches the layout")
 
     def decode_header(self, data: bytes | memoryview) -> tuple[int, int, int, int, int, int]:
         if len(data) != self.size:

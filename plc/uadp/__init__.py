@@ -1,0 +1,22 @@
+"""UADP NetworkMessages (OPC 10000-14 §7.2.4, Annex A): a fast fixed-layout codec and a general one.
+
+`FixedLayout` is the hot path for the one layout a config declares; `encode`/`decode` handle any
+DataSetMessage NetworkMessage (no security, chunking or discovery) with `NetworkMessage` values.
+"""
+from ..errors import UadpDecodeError
+from .decode import decode
+from .encode import encode
+from .fixed import (DATASET_FLAGS1, DATASET_FLAGS2, EXT_FLAGS1, GROUP_FLAGS, UADP_FLAGS, UADP_VERSION,
+                    VARIANT_DOUBLE, FixedLayout, UadpMessage, datetime_ticks_from_ns, ns_from_datetime_ticks)
+from .scan import MAX_ARRAY_RANK, MAX_NESTING
+from .messages import RAW_FORMATS, DataSetMessage, DataSetMessageType, FieldEncoding, NetworkMessage, PublisherIdType
+
+__all__ = [
+    # fixed layout
+    "FixedLayout", "UadpMessage", "datetime_ticks_from_ns", "ns_from_datetime_ticks",
+    "UADP_VERSION", "UADP_FLAGS", "EXT_FLAGS1", "GROUP_FLAGS", "DATASET_FLAGS1", "DATASET_FLAGS2", "VARIANT_DOUBLE",
+    # general codec
+    "encode", "decode", "NetworkMessage", "DataSetMessage", "PublisherIdType", "FieldEncoding",
+    "DataSetMessageType", "RAW_FORMATS", "MAX_NESTING", "MAX_ARRAY_RANK",
+    "UadpDecodeError",
+]
