@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     pki.set_defaults(func=_cmd_pki)
 
     sub.add_parser("plcsim", help="run the rolling-mill PLC simulator (see sitsctl plcsim --help)",
-                            add_help=False)
+                   add_help=False)
     return ap
 
 

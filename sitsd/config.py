@@ -74,7 +74,11 @@ class ModelSection(_Section):
 class PlcSection(_Section):
     endpoint: str = Field(pattern=r"^opc\.tcp://")
     profile: Literal["simulator", "s7-1500", "controllogix", "melsec-iq-r"]
-    command_node: str = Field(description="NodeId of the ByteString command variable: ns=<i>;s=... or nsu=<uri>;s=...")
+    command_mode: Literal["write", "method"] = Field(
+        default="write", description="write the envelope to a ByteString variable, or pass it to a method")
+    command_node: str = Field(description="NodeId of the ByteString command variable (write) or of the method "
+                                          "(method): ns=<i>;s=... or nsu=<uri>;s=...")
+    command_object: str | None = Field(default=None, description="method mode: NodeId of the object owning it")
     security: Literal["none", "sign", "sign-and-encrypt"] = Field(
         default="sign-and-encrypt", description="Basic256Sha256 message security of the OPC UA session")
     pki_dir: Path = Field(default=Path("/etc/sitsd/pki"),
@@ -82,10 +86,17 @@ class PlcSection(_Section):
     application_uri: str = Field(default="urn:sits2026:sitsd", min_length=1)
     timeout_s: float = Field(default=4.0, gt=0)
 
-    @field_validator("command_node")
+    @field_validator("command_node", "command_object")
     @classmethod
-    def _node_id(cls, v: str) -> str:
-        return _check_node_id(v)
+    def _node_id(cls, v: str | None) -> str | None:
+        return v if v is None else _check_node_id(v)
+
+    @model_validator(mode="after")
+    def _method_needs_object(self):
+        if self.command_mode == "method" and not self.command_object:
+            raise ValueError("command_mode method needs command_object, the NodeId of the object the method "
+                             "belongs to")
+        return self
 
 
 class UadpUdpTransport(_Section):

@@ -80,6 +80,7 @@ class Daemon:
         self.audit: AuditLog | None = None
         self._client: Client | None = None
         self._command_node = None
+        self._command_owner = None
         self._aio: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._queue: asyncio.Queue | None = None
@@ -174,13 +175,20 @@ class Daemon:
                                f"  fix: check plc.endpoint and that the PLC's OPC UA server is running") from exc
         try:
             node = client.get_node(await self._resolve_node(client, p.command_node, "plc.command_node"))
+            owner = None
             try:
-                vtype = await node.read_data_type_as_variant_type()
+                if p.command_mode == "method":
+                    owner = client.get_node(await self._resolve_node(client, p.command_object, "plc.command_object"))
+                    if await node.read_node_class() != ua.NodeClass.Method:
+                        raise StartupError(f"plc.command_node {p.command_node}: is not a Method node "
+                                           f"(command_mode: method)")
+                else:
+                    vtype = await node.read_data_type_as_variant_type()
+                    if vtype != ua.VariantType.ByteString:
+                        raise StartupError(f"plc.command_node {p.command_node}: is {vtype.name}, expected "
+                                           f"ByteString (the command envelope)")
             except ua.UaStatusCodeError as exc:
                 raise StartupError(f"plc.command_node {p.command_node}: not found on the PLC ({exc})") from exc
-            if vtype != ua.VariantType.ByteString:
-                raise StartupError(f"plc.command_node {p.command_node}: is {vtype.name}, expected ByteString "
-                                   f"(the command envelope)")
             if isinstance(self.source, OpcUaSubscriptionSource):
                 frames = await self._resolve_node(client, self.cfg.transport.node, "transport.node")
                 try:
@@ -190,7 +198,7 @@ class Daemon:
         except BaseException:
             await client.disconnect()
             raise
-        self._client, self._command_node = client, node
+        self._client, self._command_node, self._command_owner = client, node, owner
 
     async def _secure(self, client: Client) -> TrustListValidator:
         """Basic256Sha256 with this device's certificate; the PLC's certificate must be in the trust list."""
@@ -234,7 +242,7 @@ class Daemon:
                       self.model.sha256, True)
         envelope = self.signer.sign_command(cmd)
         try:
-            await self._command_node.write_value(ua.DataValue(ua.Variant(envelope, ua.VariantType.ByteString)))
+            await self._send(envelope)
         except ua.UaStatusCodeError as exc:
             raise StartupError(
                 f"the PLC refused the startup fail-safe command ({exc}): it does not trust key "
@@ -271,8 +279,7 @@ class Daemon:
                 self._alert("deadline", f"command {item.sequence} expired before it could be written", item)
                 continue
             try:
-                await self._command_node.write_value(
-                    ua.DataValue(ua.Variant(item.envelope, ua.VariantType.ByteString)))
+                await self._send(item.envelope)
             except ua.UaStatusCodeError as exc:
                 c.write_errors += 1
                 self._alert("plc_rejected", f"PLC refused command {item.sequence}: {exc}", item)
@@ -289,6 +296,14 @@ class Daemon:
             self.audit.append({"seq": item.sequence, "frame_seq": item.frame_sequence, "values": item.values,
                                "failsafe": item.failsafe, "sent_ns": item.sender_timestamp_ns, "ack_ns": ack,
                                "envelope": item.envelope.hex()})
+
+    async def _send(self, envelope: bytes) -> None:
+        """One command to the PLC, as a variable write or a method call; a Bad status raises."""
+        value = ua.Variant(envelope, ua.VariantType.ByteString)
+        if self._command_owner is not None:
+            await self._command_owner.call_method(self._command_node, value)
+        else:
+            await self._command_node.write_value(ua.DataValue(value))
 
     async def _reconnect(self) -> None:
         self.state = "reconnecting"

@@ -34,6 +34,8 @@ NAMESPACE_URI = "urn:sits2026:plc-simulator"
 FRAME_NODE = "RollingMill.SensorFrame"
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 COMMAND_NODE = "RollingMill.RollGapCommand"
+COMMAND_METHOD = "RollingMill.ApplyCommand"
+MILL_OBJECT = "RollingMill"
 
 # verify(envelope bytes) -> (sequence, values, failsafe); raises with a reason on rejection.
 CommandVerifier = Callable[[bytes], tuple[int, Sequence[float], bool]]
@@ -119,6 +121,8 @@ class RollingMillSimulator:
         cmd = await mill.add_variable(ua.NodeId(COMMAND_NODE, idx), "RollGapCommand", b"", ua.VariantType.ByteString)
         await cmd.set_writable()
         server.set_attribute_value_setter(cmd.nodeid, self._on_command_write)
+        await mill.add_method(ua.NodeId(COMMAND_METHOD, idx), "ApplyCommand", self._on_command_call,
+                              [ua.VariantType.ByteString], [ua.VariantType.UInt32])
         await server.start()
         self.server = server
         self.endpoint = f"opc.tcp://{self.s.host}:{server.bserver.port}/sits/plcsim"
@@ -142,7 +146,16 @@ class RollingMillSimulator:
 
     def _on_command_write(self, node_data, attr, datavalue: ua.DataValue) -> None:
         """asyncua calls this on the server's loop for every write to RollGapCommand."""
-        payload = datavalue.Value.Value if datavalue.Value is not None else None
+        self._apply(datavalue.Value.Value if datavalue.Value is not None else None)
+        node_data.attributes[attr].value = datavalue
+
+    def _on_command_call(self, parent, envelope: ua.Variant) -> list[ua.Variant]:
+        """The method-call form of the same command (ApplyCommand(ByteString) -> UInt32 0)."""
+        self._apply(envelope.Value if isinstance(envelope, ua.Variant) else envelope)
+        return [ua.Variant(0, ua.VariantType.UInt32)]
+
+    def _apply(self, payload) -> None:
+        """Verify a command envelope and apply it to the stand, or count it and answer a Bad status."""
         try:
             if not isinstance(payload, (bytes, bytearray)):
                 raise CommandRejected(f"command must be a ByteString envelope, got {type(payload).__name__}",
@@ -166,7 +179,6 @@ class RollingMillSimulator:
             self._in_fallback = False
             self.accepted += 1
             self.failsafe_commands += bool(failsafe)
-        node_data.attributes[attr].value = datavalue
 
     # -- physics and publishing -------------------------------------------------------------------
     def run_publisher(self, duration_s: float | None = None) -> None:

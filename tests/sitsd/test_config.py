@@ -59,6 +59,7 @@ def test_wrong_type_points_at_the_value(tmp_path):
     (lambda d: d["plc"].update(profile="s5"), "plc.profile", "s7-1500"),
     (lambda d: d.pop("safety"), "safety", "required field is missing"),
     (lambda d: d["model"].update(sha256=1234), "model.sha256", "quoted string"),
+    (lambda d: d["plc"].update(command_mode="method"), "plc", "needs command_object"),
 ])
 def test_semantic_errors(tmp_path, mutate, field, reason):
     with pytest.raises(ConfigError) as exc:

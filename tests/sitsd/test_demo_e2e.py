@@ -47,3 +47,12 @@ def test_closed_loop_over_raw_ethernet_between_namespaces():
     assert r["frames"] > 100 and r["commands"] > 100 and r["rejected_by_plc"] == 0
     leftover = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert "sits-plc-" not in leftover  # the demo removed its namespace
+
+
+def test_commands_as_opcua_method_calls():
+    ns = "nsu=urn:sits2026:plc-simulator;s="
+    r = run_demo(seconds=2, progress=None, force_software=True, security="none",
+                 overrides={"plc.command_mode": "method", "plc.command_node": ns + "RollingMill.ApplyCommand",
+                            "plc.command_object": ns + "RollingMill"})
+    assert r["commands"] > 50 and r["rejected_by_plc"] == 0
+    assert r["plc_accepted"] >= r["commands"] - 1
