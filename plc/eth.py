@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import socket
 import struct
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +31,9 @@ PACKET_AUXDATA = 8
 PACKET_OUTGOING = 4
 TP_STATUS_VLAN_VALID = 1 << 4
 _AUXDATA = struct.Struct("<IIIHHHH")  # struct tpacket_auxdata
+SO_TXTIME = 61  # also the cmsg type SCM_TXTIME
+SOF_TXTIME_REPORT_ERRORS = 1 << 1
+_LAUNCH_QDISCS = ("etf", "taprio")  # qdiscs that hold a frame until its CLOCK_TAI launch time
 _MIN_PAYLOAD = 46  # shorter Ethernet payloads are zero-padded on the wire
 
 
@@ -155,10 +159,40 @@ class EthFrameSource:
         self._sock.close()
 
 
-class EthPublisher:
-    """Sends UADP payloads as Ethernet frames with an optional 802.1Q tag (the simulator's side)."""
+def qdisc_kinds(interface: str) -> list[str]:
+    """The queueing disciplines on an interface, from `tc -j qdisc show` (empty if tc is missing)."""
+    import json
+    import subprocess
 
-    def __init__(self, url: str, interface: str) -> None:
+    try:
+        r = subprocess.run(["tc", "-j", "qdisc", "show", "dev", interface], capture_output=True, text=True, timeout=5)
+        return [q.get("kind", "") for q in json.loads(r.stdout or "[]")]
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return []
+
+
+def enable_launch_time(sock: socket.socket, interface: str) -> tuple[bool, str]:
+    """Ask for SO_TXTIME (CLOCK_TAI) and say whether launch times will really be honoured, and if not why."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_TXTIME, struct.pack("iI", time.CLOCK_TAI, SOF_TXTIME_REPORT_ERRORS))
+    except OSError as exc:
+        return False, f"the kernel refuses SO_TXTIME ({exc.strerror}): frames leave when they are sent"
+    kinds = qdisc_kinds(interface)
+    if any(k in _LAUNCH_QDISCS for k in kinds):
+        return True, f"SO_TXTIME with {'/'.join(kinds)} on {interface}: launch times are honoured"
+    return False, (f"SO_TXTIME accepted, but {interface} has no etf/taprio qdisc ({'/'.join(kinds) or 'none'}): "
+                   f"launch times would be ignored, frames leave when sent; add one with `tc qdisc replace dev "
+                   f"{interface} root etf clockid CLOCK_TAI delta 150000`")
+
+
+class EthPublisher:
+    """Sends UADP payloads as Ethernet frames with an optional 802.1Q tag (the simulator's side).
+
+    With `launch_offset_ns`, each frame carries an SO_TXTIME launch time (CLOCK_TAI now + offset)
+    when the interface can honour it; `launch_time_status` says what was detected.
+    """
+
+    def __init__(self, url: str, interface: str, launch_offset_ns: int | None = None) -> None:
         self.address = parse_eth_url(url)
         try:
             sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_UADP))
@@ -173,12 +207,21 @@ class EthPublisher:
             header += struct.pack("!HH", ETH_P_8021Q, ((a.pcp or 0) << 13) | (a.vid or 0))
         self._header = header + struct.pack("!H", ETH_P_UADP)
         self._sock = sock
+        self.launch_time = False
+        self.launch_time_status = "not requested"
+        self._launch_offset_ns = launch_offset_ns
+        if launch_offset_ns is not None:
+            self.launch_time, self.launch_time_status = enable_launch_time(sock, interface)
 
     def send(self, payload: bytes) -> None:
         frame = self._header + payload
         if len(frame) < 60:
             frame += bytes(60 - len(frame))
-        self._sock.send(frame)
+        if self.launch_time:
+            launch = time.clock_gettime_ns(time.CLOCK_TAI) + self._launch_offset_ns
+            self._sock.sendmsg([frame], [(socket.SOL_SOCKET, SO_TXTIME, struct.pack("Q", launch))])
+        else:
+            self._sock.send(frame)
 
     def close(self) -> None:
         self._sock.close()

@@ -50,7 +50,8 @@ class Simulator:
         prefix = []
         if link is not None:  # the PLC lives in its own network namespace behind a veth pair
             prefix = link.exec_prefix()
-            extra += ["--host", link.plc_ip, "--eth-url", DEMO_ETH_URL, "--eth-interface", link.plc_if]
+            extra += ["--host", link.plc_ip, "--eth-url", DEMO_ETH_URL, "--eth-interface", link.plc_if,
+                      "--launch-offset-us", "200"]
         self.proc = subprocess.Popen(
             prefix + [sys.executable, "-m", "sitsd.plcsim", "--udp-url", udp_url, "--port", "0", "--trust-key", str(trust_key), "--control-stdin",
              "--model-sha256", model_sha256, "--seed", str(seed), "--rate", str(rate_hz)] + extra,
@@ -61,7 +62,9 @@ class Simulator:
         if not line or not json.loads(line).get("ready"):
             self.close()
             raise StartupError(f"PLC simulator did not start; see {self.log_path}")
-        self.endpoint = json.loads(line)["endpoint"]
+        ready = json.loads(line)
+        self.endpoint = ready["endpoint"]
+        self.launch_time = ready.get("launch_time", "not requested")
 
     def _read_line(self, timeout_s: float) -> str:
         result: list[str] = []
@@ -146,6 +149,7 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
             say(f"OPC UA security: Basic256Sha256 {security}, certificates trusted both ways")
         sim = Simulator(udp_url, key_path, model_sha, seed, rate_hz, workdir, opcua_frames=transport == "opcua",
                         link=link, security=security, pki=plc_pki)
+        launch_time = sim.launch_time
         if transport == "udp":
             transport_cfg = {"transport.url": udp_url, "transport.interface": "127.0.0.1"}
         elif transport == "eth":
@@ -201,6 +205,7 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
             "security": security,
             "rx_stamp_source": status["rx_stamp_source"],
             "vlan_pcp": status["vlan_pcp"],
+            "launch_time": launch_time,
             "model_sha256": status["model_sha256"],
             "thickness_error_um": {k: round(v, 2) for k, v in plc_stats["thickness_error_um"].items()},
             "failsafe": c["failsafe"],
@@ -252,6 +257,7 @@ def human_summary(r: dict) -> str:
         f"  OPC UA security      {r['security']}",
         f"  transport            {r['transport']} (RX timestamps: {r['rx_stamp_source']}"
         + (f", VLAN PCP {r['vlan_pcp']})" if r["vlan_pcp"] >= 0 else ")"),
+        *([f"  launch time          {r['launch_time']}"] if r["transport"] == "eth" else []),
         f"  model SHA-256        {r['model_sha256']}",
         f"  latency (PLC send -> write acknowledged)  p50 {lat['p50'] / 1000:.2f} ms  p99 {lat['p99'] / 1000:.2f} ms"
         f"  max {lat['max'] / 1000:.2f} ms",

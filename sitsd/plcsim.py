@@ -16,6 +16,7 @@ import json
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 from attestation.envelope import EnvelopeVerifier
@@ -48,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--eth-url", default=None,
                     help="publish UADP over raw Ethernet instead of UDP, e.g. opc.eth://01-00-5E-7F-00-01:100.5")
     ap.add_argument("--eth-interface", default=None, help="interface for --eth-url (needs CAP_NET_RAW)")
+    ap.add_argument("--launch-offset-us", type=float, default=None,
+                    help="with --eth-url: send each frame with an SO_TXTIME launch time this far ahead (TSN, etf qdisc)")
     ap.add_argument("--rate", type=float, default=100.0, help="frames per second (default 100)")
     ap.add_argument("--seed", type=int, default=1, help="disturbance sequence seed")
     ap.add_argument("--publisher-id", type=int, default=7)
@@ -70,6 +73,7 @@ async def run(args) -> int:
     settings = SimulatorSettings(udp_url=args.udp_url, interface=args.interface, rate_hz=args.rate, seed=args.seed,
                                  publisher_id=args.publisher_id, port=args.port, host=args.host,
                                  eth_url=args.eth_url, eth_interface=args.eth_interface,
+                                 launch_offset_us=args.launch_offset_us,
                                  security=args.security, pki_dir=str(args.pki) if args.pki else None,
                                  publish_opcua_frames=args.opcua_frames)
     if args.security != "none" and args.pki is None:
@@ -81,7 +85,8 @@ async def run(args) -> int:
     await sim.start()
     publisher = threading.Thread(target=sim.run_publisher, args=(args.duration,), name="plcsim-publisher", daemon=True)
     publisher.start()
-    print(json.dumps({"ready": True, "endpoint": sim.endpoint, "udp_url": args.udp_url, "eth_url": args.eth_url}),
+    time.sleep(0.05)  # let the publisher open its socket, so the READY line can report launch-time support
+    print(json.dumps({"ready": True, "launch_time": sim.launch_time_status, "endpoint": sim.endpoint, "udp_url": args.udp_url, "eth_url": args.eth_url}),
           flush=True)
     loop = asyncio.get_running_loop()
     lines: asyncio.Queue[str] = asyncio.Queue()

@@ -62,6 +62,7 @@ class SimulatorSettings:
     publish_opcua_frames: bool = False
     eth_url: str | None = None  # publish over raw Ethernet (opc.eth://...) instead of UDP
     eth_interface: str | None = None
+    launch_offset_us: float | None = None  # raw Ethernet: ask for SO_TXTIME launch at send time + offset
     security: str = "none"  # none | sign | sign-and-encrypt (Basic256Sha256)
     pki_dir: str | None = None  # created with a self-signed server certificate when empty
     application_uri: str = "urn:sits2026:plc-simulator"
@@ -93,6 +94,7 @@ class RollingMillSimulator:
         self._err_closed = 0.0
         self._err_open = 0.0
         self._err_steps = 0
+        self.launch_time_status = "not requested"
         self._stop = threading.Event()
         self.server: Server | None = None
         self.endpoint = ""
@@ -184,7 +186,9 @@ class RollingMillSimulator:
     def run_publisher(self, duration_s: float | None = None) -> None:
         """Steps the physics and publishes one frame per tick until stop() (call on its own thread)."""
         if self.s.eth_url:
-            publisher = EthPublisher(self.s.eth_url, self.s.eth_interface)
+            offset = None if self.s.launch_offset_us is None else int(self.s.launch_offset_us * 1000)
+            publisher = EthPublisher(self.s.eth_url, self.s.eth_interface, launch_offset_ns=offset)
+            self.launch_time_status = publisher.launch_time_status
         else:
             publisher = UdpPublisher(self.s.udp_url, self.s.interface)
         reading = np.zeros(len(SIGNALS))

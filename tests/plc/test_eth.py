@@ -84,3 +84,39 @@ def test_parse_eth_url():
                      ("opc.eth://01-00-5E-7F-00-01:1.9", "priority code point")):
         with pytest.raises(TransportError, match=msg):
             parse_eth_url(bad)
+
+
+LAUNCH = """
+import sys, time
+from plc.eth import EthPublisher
+from plc.uadp import FixedLayout, UadpMessage
+pub = EthPublisher(sys.argv[1], sys.argv[2], launch_offset_ns=500_000)
+print(pub.launch_time, pub.launch_time_status, flush=True)
+layout = FixedLayout(3)
+for seq in range(1, 6):
+    pub.send(layout.encode(UadpMessage(7, 1, 1, seq, seq, time.time_ns(), (1.0, 2.0, 3.0))))
+    time.sleep(0.002)
+"""
+
+
+def test_launch_time_is_detected_and_reported_and_frames_still_flow(veth_pair):
+    """veth has no etf qdisc (and this kernel has none): SO_TXTIME must be reported as not honoured."""
+    ns_a, if_a, ns_b, if_b = veth_pair
+    url = "opc.eth://01-00-5E-7F-00-01:100.5"
+    receiver = subprocess.Popen(["ip", "netns", "exec", ns_b, sys.executable, "-c", RECEIVER, url, if_b, "5"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert receiver.stdout.readline().strip() == "ready"
+        pub = subprocess.run(["ip", "netns", "exec", ns_a, sys.executable, "-c", LAUNCH, url, if_a],
+                             capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert pub.returncode == 0, pub.stderr
+        out, _ = receiver.communicate(timeout=30)
+    finally:
+        if receiver.poll() is None:
+            receiver.kill()
+    honoured, status = pub.stdout.split(" ", 1)
+    if honoured == "True":
+        assert "launch times are honoured" in status
+    else:
+        assert "refuses SO_TXTIME" in status or "no etf/taprio qdisc" in status
+    assert len(json.loads(out.splitlines()[-1])["frames"]) == 5

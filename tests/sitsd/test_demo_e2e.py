@@ -44,6 +44,7 @@ def test_closed_loop_over_raw_ethernet_between_namespaces():
     r = run_demo(seconds=3, progress=None, force_software=True, transport="eth")
     assert r["transport"] == "eth" and r["rx_stamp_source"] == "software"
     assert r["vlan_pcp"] == 5  # the 802.1Q priority written by the PLC survives to the Frame
+    assert "SO_TXTIME" in r["launch_time"]  # detected and reported, honoured or not
     assert r["frames"] > 100 and r["commands"] > 100 and r["rejected_by_plc"] == 0
     leftover = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert "sits-plc-" not in leftover  # the demo removed its namespace
