@@ -105,6 +105,8 @@ class UadpUdpTransport(_Section):
     kind: Literal["uadp-udp"]
     url: str = Field(pattern=r"^opc\.udp://")
     interface: str = "0.0.0.0"
+    field_encoding: Literal["variant", "raw"] = Field(
+        default="variant", description="Double fields as Variants, or RawData (Annex A periodic fixed layouts)")
     publisher_id: int = Field(ge=0, le=0xFFFF)
     writer_group_id: int = Field(ge=0, le=0xFFFF)
     dataset_writer_id: int = Field(ge=0, le=0xFFFF)
@@ -116,6 +118,7 @@ class UadpEthTransport(_Section):
     kind: Literal["uadp-eth"]
     url: str = Field(pattern=r"^opc\.eth://", description="opc.eth://<MAC>[:<VID>[.<PCP>]]")
     interface: str = Field(min_length=1, max_length=15, description="network interface name, e.g. eth1")
+    field_encoding: Literal["variant", "raw"] = "variant"
     publisher_id: int = Field(ge=0, le=0xFFFF)
     writer_group_id: int = Field(ge=0, le=0xFFFF)
     dataset_writer_id: int = Field(ge=0, le=0xFFFF)

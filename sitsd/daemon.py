@@ -25,7 +25,7 @@ from plc.eth import EthFrameSource
 from plc.frame import RxStampSource
 from plc.opcua_security import SECURITY_MODES, SECURITY_POLICY, Pki, TrustListValidator, thumbprint
 from plc.opcua_source import OpcUaSubscriptionSource
-from plc.uadp import FixedLayout
+from plc.uadp import compile_layout
 from plc.udp import UdpFrameSource
 
 from . import control
@@ -115,11 +115,11 @@ class Daemon:
             if isinstance(t, OpcUaSubscriptionTransport):
                 self.source = OpcUaSubscriptionSource(len(names), t.publishing_interval_ms)
             elif isinstance(t, UadpEthTransport):
-                self.source = EthFrameSource(t.url, t.interface, FixedLayout(len(names)), t.publisher_id,
-                                             t.dataset_writer_id)
+                self.source = EthFrameSource(t.url, t.interface, compile_layout(len(names), t.field_encoding),
+                                             t.publisher_id, t.dataset_writer_id)
             else:
-                self.source = UdpFrameSource(t.url, FixedLayout(len(names)), t.interface, t.publisher_id,
-                                             t.dataset_writer_id)
+                self.source = UdpFrameSource(t.url, compile_layout(len(names), t.field_encoding), t.interface,
+                                             t.publisher_id, t.dataset_writer_id)
         except TransportError as exc:
             raise StartupError(str(exc)) from exc
         self.loop = ControlLoop(

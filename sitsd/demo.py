@@ -42,9 +42,11 @@ class Simulator:
     """The PLC simulator subprocess, spoken to over its stdin/stdout lines."""
 
     def __init__(self, udp_url: str, trust_key: Path, model_sha256: str, seed: int, rate_hz: float, workdir: Path,
-                 opcua_frames: bool = False, link=None, security: str = "none", pki: Path | None = None):
+                 opcua_frames: bool = False, link=None, security: str = "none", pki: Path | None = None,
+                 field_encoding: str = "variant"):
         self._stderr = open(workdir / "plcsim.log", "wb")
         extra = ["--opcua-frames"] if opcua_frames else []
+        extra += ["--field-encoding", field_encoding]
         if security != "none":
             extra += ["--security", security, "--pki", str(pki)]
         prefix = []
@@ -99,7 +101,7 @@ class Simulator:
 def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_path: Path | None = None,
              progress: TextIO | None = sys.stderr, force_software: bool = False, seed: int = 1,
              rate_hz: float = 100.0, overrides: dict | None = None, transport: str = "udp",
-             security: str = "sign-and-encrypt") -> dict:
+             security: str = "sign-and-encrypt", field_encoding: str = "variant") -> dict:
     """Run the closed loop for `seconds` (or until `frames` frames) and return the summary dict.
 
     transport: "udp" (UADP over UDP multicast, read by the loop thread) or "opcua" (an OPC UA
@@ -148,13 +150,15 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
             _cross_trust(workdir / "pki-sitsd", plc_pki, link.plc_ip if link else "127.0.0.1")
             say(f"OPC UA security: Basic256Sha256 {security}, certificates trusted both ways")
         sim = Simulator(udp_url, key_path, model_sha, seed, rate_hz, workdir, opcua_frames=transport == "opcua",
-                        link=link, security=security, pki=plc_pki)
+                        link=link, security=security, pki=plc_pki, field_encoding=field_encoding)
         launch_time = sim.launch_time
         if transport == "udp":
-            transport_cfg = {"transport.url": udp_url, "transport.interface": "127.0.0.1"}
+            transport_cfg = {"transport.url": udp_url, "transport.interface": "127.0.0.1",
+                             "transport.field_encoding": field_encoding}
         elif transport == "eth":
             transport_cfg = {"transport": {"kind": "uadp-eth", "url": DEMO_ETH_URL, "interface": link.host_if,
-                                           "publisher_id": 7, "writer_group_id": 1, "dataset_writer_id": 1}}
+                                           "publisher_id": 7, "writer_group_id": 1, "dataset_writer_id": 1,
+                                           "field_encoding": field_encoding}}
         else:
             transport_cfg = {"transport": {"kind": "opcua-subscription", "publishing_interval_ms": 1.0,
                                            "node": f"nsu={SIM_NAMESPACE};s=RollingMill.SensorFrame"}}

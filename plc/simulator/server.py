@@ -24,7 +24,7 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 from asyncua import Server, ua
 
-from ..uadp import FixedLayout, UadpMessage
+from ..uadp import UadpMessage, compile_layout
 from ..eth import EthPublisher
 from ..opcua_security import SERVER_POLICIES, Pki, TrustListValidator
 from ..udp import UdpPublisher
@@ -62,6 +62,7 @@ class SimulatorSettings:
     publish_opcua_frames: bool = False
     eth_url: str | None = None  # publish over raw Ethernet (opc.eth://...) instead of UDP
     eth_interface: str | None = None
+    field_encoding: str = "variant"  # variant | raw (RawData, Annex A style)
     launch_offset_us: float | None = None  # raw Ethernet: ask for SO_TXTIME launch at send time + offset
     security: str = "none"  # none | sign | sign-and-encrypt (Basic256Sha256)
     pki_dir: str | None = None  # created with a self-signed server certificate when empty
@@ -79,7 +80,7 @@ class RollingMillSimulator:
         self._disturbances = DisturbanceSequence(self.p, settings.seed, dt)
         self.closed = Stand(self.p, dt)
         self.open = Stand(self.p, dt)
-        self._layout = FixedLayout(len(SIGNALS))
+        self._layout = compile_layout(len(SIGNALS), settings.field_encoding)
         self._lock = threading.Lock()
         self._setpoint = 0.0
         self._last_command_mono = 0.0

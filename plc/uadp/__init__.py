@@ -7,13 +7,14 @@ from ..errors import UadpDecodeError
 from .decode import decode
 from .encode import encode
 from .fixed import (DATASET_FLAGS1, DATASET_FLAGS2, EXT_FLAGS1, GROUP_FLAGS, UADP_FLAGS, UADP_VERSION,
-                    VARIANT_DOUBLE, FixedLayout, UadpMessage, datetime_ticks_from_ns, ns_from_datetime_ticks)
+                    VARIANT_DOUBLE, FixedLayout, RawDoubleLayout, UadpMessage, compile_layout,
+                    datetime_ticks_from_ns, ns_from_datetime_ticks)
 from .scan import MAX_ARRAY_RANK, MAX_NESTING
 from .messages import RAW_FORMATS, DataSetMessage, DataSetMessageType, FieldEncoding, NetworkMessage, PublisherIdType
 
 __all__ = [
     # fixed layout
-    "FixedLayout", "UadpMessage", "datetime_ticks_from_ns", "ns_from_datetime_ticks",
+    "FixedLayout", "RawDoubleLayout", "compile_layout", "UadpMessage", "datetime_ticks_from_ns", "ns_from_datetime_ticks",
     "UADP_VERSION", "UADP_FLAGS", "EXT_FLAGS1", "GROUP_FLAGS", "DATASET_FLAGS1", "DATASET_FLAGS2", "VARIANT_DOUBLE",
     # general codec
     "encode", "decode", "NetworkMessage", "DataSetMessage", "PublisherIdType", "FieldEncoding",

@@ -144,3 +144,64 @@ class FixedLayout:
         if field_count != self.field_count:
             raise UadpDecodeError(f"FieldCount {field_count}, layout expects {self.field_count}", 32)
         return publisher_id, group_id, writer_id, net_seq, ds_seq, ns_from_datetime_ticks(ds_ticks)
+
+
+# RawData field encoding (bits 1-2 = 01): no FieldCount, no Variant tags, the Doubles back to back,
+# as Annex A's periodic fixed layouts carry them; the subscriber knows the types from the config.
+DATASET_FLAGS1_RAW = 0x01 | 0x02 | 0x08 | 0x80
+_RAW_HEADER = struct.Struct("<BBHBHHBHqBBHq")
+
+
+class RawDoubleLayout:
+    """The fixed layout above with RawData field encoding: `field_count` little-endian Doubles."""
+
+    def __init__(self, field_count: int) -> None:
+        if not 1 <= field_count <= 1024:
+            raise ValueError(f"field_count must be 1..1024, got {field_count}")
+        self.field_count = field_count
+        self.size = _RAW_HEADER.size + 8 * field_count
+        self._whole = struct.Struct(_RAW_HEADER.format + "d" * field_count)
+        self._constants = operator.itemgetter(0, 1, 3, 6, 9, 10)
+        self._expected = (UADP_FLAGS, EXT_FLAGS1, GROUP_FLAGS, 1, DATASET_FLAGS1_RAW, DATASET_FLAGS2)
+        self._buffer = bytearray(self.size)
+        self._last_values: tuple[float, ...] = ()
+
+    def encode(self, msg: UadpMessage) -> bytes:
+        if len(msg.values) != self.field_count:
+            raise ValueError(f"layout has {self.field_count} fields, message has {len(msg.values)}")
+        ticks = datetime_ticks_from_ns(msg.timestamp_ns)
+        self._whole.pack_into(self._buffer, 0, UADP_FLAGS, EXT_FLAGS1, msg.publisher_id, GROUP_FLAGS,
+                              msg.writer_group_id, msg.network_sequence & 0xFFFF, 1, msg.writer_id, ticks,
+                              DATASET_FLAGS1_RAW, DATASET_FLAGS2, msg.dataset_sequence & 0xFFFF, ticks, *msg.values)
+        return bytes(self._buffer)
+
+    def decode(self, data: bytes | memoryview) -> UadpMessage:
+        return UadpMessage(*self._decode(data), values=self._last_values)
+
+    def decode_into(self, data: bytes | memoryview, out: np.ndarray) -> tuple[int, int, int, int, int, int]:
+        head = self._decode(data)
+        out[:] = self._last_values
+        return head
+
+    def _decode(self, data: bytes | memoryview) -> tuple[int, int, int, int, int, int]:
+        if len(data) != self.size:
+            raise UadpDecodeError(f"message is {len(data)} bytes, RawData layout with {self.field_count} Doubles "
+                                  f"is {self.size}", min(len(data), self.size))
+        v = self._whole.unpack_from(data)
+        if self._constants(v) != self._expected:
+            names = ("UADPFlags", "ExtendedFlags1", "GroupFlags", "DataSetMessage count", "DataSetFlags1",
+                     "DataSetFlags2")
+            for name, offset, got, want in zip(names, (0, 1, 4, 9, 20, 21), self._constants(v), self._expected):
+                if got != want:
+                    raise UadpDecodeError(f"{name} 0x{got:02x}, RawData layout expects 0x{want:02x}", offset)
+        self._last_values = v[13:]
+        return v[2], v[4], v[7], v[5], v[11], (v[12] - _EPOCH_DELTA_TICKS) * 100
+
+
+def compile_layout(field_count: int, encoding: str = "variant") -> FixedLayout | RawDoubleLayout:
+    """The fast codec for the layout a config declares: Double fields as Variants or as RawData."""
+    if encoding == "variant":
+        return FixedLayout(field_count)
+    if encoding == "raw":
+        return RawDoubleLayout(field_count)
+    raise ValueError(f"field encoding {encoding!r}: choose variant or raw")

@@ -103,3 +103,29 @@ def test_header_matches_documented_layout():
     flags, ext1, pub = struct.unpack_from("<BBH", data)
     assert (flags, ext1, pub) == (0xF1, 0x21, 0x1234)
     assert data[34] == 0x0B and struct.unpack_from("<d", data, 35) == (0.5,)
+
+
+@given(messages())
+def test_raw_layout_round_trip_and_general_decoder_agrees(msg):
+    from asyncua import ua
+
+    from plc.uadp import FieldEncoding, RawDoubleLayout, decode
+
+    layout = RawDoubleLayout(len(msg.values))
+    data = layout.encode(msg)
+    assert layout.decode(data) == msg
+    general = decode(data, field_types=[ua.VariantType.Double] * len(msg.values))
+    (ds,) = general.messages
+    assert ds.field_encoding == FieldEncoding.RAW_DATA
+    assert [v.Value for v in ds.fields] == list(msg.values)
+
+
+def test_raw_layout_errors_name_the_byte():
+    from plc.uadp import RawDoubleLayout
+
+    layout = RawDoubleLayout(2)
+    data = bytearray(layout.encode(UadpMessage(1, 1, 1, 1, 1, 0, (1.0, 2.0))))
+    data[20] = 0x89  # Variant encoding announced where the layout says RawData
+    with pytest.raises(UadpDecodeError) as exc:
+        layout.decode(bytes(data))
+    assert exc.value.offset == 20 and "DataSetFlags1 0x89" in str(exc.value)

@@ -33,8 +33,9 @@ def test_closed_loop_over_an_opcua_subscription():
     assert r["thickness_error_um"]["closed_loop"] < r["thickness_error_um"]["open_loop"]
 
 
-def test_udp_transport_reports_kernel_stamps():
-    r = run_demo(seconds=2, progress=None, force_software=True)
+def test_udp_transport_reports_kernel_stamps_with_rawdata_layout():
+    r = run_demo(seconds=2, progress=None, force_software=True, field_encoding="raw")
+    assert r["commands"] > 50 and r["rejected_by_plc"] == 0 and r["dropped"] == 0
     assert r["transport"] == "udp" and r["rx_stamp_source"] == "software"
 
 
