@@ -34,7 +34,8 @@ def _cmd_demo(args) -> int:
     from .demo import human_summary, run_demo
 
     result = run_demo(seconds=args.seconds, config_path=args.config, force_software=args.software,
-                      seed=args.seed, rate_hz=args.rate, transport=args.transport, security=args.security)
+                      seed=args.seed, rate_hz=args.rate, transport=args.transport, security=args.security,
+                      field_encoding=args.field_encoding, profile=args.profile)
     print(human_summary(result))
     if args.json:
         print(json.dumps(result))
@@ -137,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
                       "or UADP over raw Ethernet with a VLAN tag (simulator in a network namespace; needs root)")
     demo.add_argument("--security", choices=("none", "sign", "sign-and-encrypt"), default="sign-and-encrypt",
                       help="OPC UA message security between sitsd and the simulator (default sign-and-encrypt)")
+    demo.add_argument("--field-encoding", choices=("variant", "raw"), default="variant",
+                      help="UADP field encoding of the sensor frames (default variant)")
+    demo.add_argument("--profile", choices=("simulator", "s7-1500", "controllogix", "melsec-iq-r"),
+                      default="simulator", help="the simulator emulates this vendor's status word and diagnostic "
+                      "texts; sitsd decodes them into structured PLC events with the same profile")
     demo.set_defaults(func=_cmd_demo)
 
     status = sub.add_parser("status", help="ask a running sitsd for uptime, model, signer, counters, latency")

@@ -18,8 +18,11 @@ from .errors import ConfigError
 _NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 
+_NODE_ID = re.compile(r"^(ns=\d+|nsu=[^;]+);[sigb]=.+$")
+
+
 def _check_node_id(v: str) -> str:
-    if not re.match(r"^(ns=\d+|nsu=[^;]+);[sigb]=.+$", v):
+    if not _NODE_ID.match(v):
         raise ValueError("expected a NodeId string such as ns=2;s=Line.RollGapCommand "
                          "or nsu=urn:plant:line;s=RollGapCommand")
     return v
@@ -72,13 +75,17 @@ class ModelSection(_Section):
 
 
 class PlcSection(_Section):
+    """The PLC: its OPC UA endpoint and where commands go. Addresses are NodeIds (ns=/nsu=) or, for a
+    vendor profile, the vendor's own syntax (S7 `DB_AGC.RollGap`, Logix `Program:AGC.Gap`, MELSEC `D100`)."""
+
     endpoint: str = Field(pattern=r"^opc\.tcp://")
     profile: Literal["simulator", "s7-1500", "controllogix", "melsec-iq-r"]
     command_mode: Literal["write", "method"] = Field(
         default="write", description="write the envelope to a ByteString variable, or pass it to a method")
-    command_node: str = Field(description="NodeId of the ByteString command variable (write) or of the method "
-                                          "(method): ns=<i>;s=... or nsu=<uri>;s=...")
-    command_object: str | None = Field(default=None, description="method mode: NodeId of the object owning it")
+    command_node: str = Field(min_length=1, description="the ByteString command variable (write) or the method")
+    command_object: str | None = Field(default=None, description="method mode: the object owning the method")
+    status_node: str | None = Field(default=None, description="controller status word, decoded by the profile")
+    diagnostic_node: str | None = Field(default=None, description="latest diagnostic text, parsed by the profile")
     security: Literal["none", "sign", "sign-and-encrypt"] = Field(
         default="sign-and-encrypt", description="Basic256Sha256 message security of the OPC UA session")
     pki_dir: Path = Field(default=Path("/etc/sitsd/pki"),
@@ -86,17 +93,23 @@ class PlcSection(_Section):
     application_uri: str = Field(default="urn:sits2026:sitsd", min_length=1)
     timeout_s: float = Field(default=4.0, gt=0)
 
-    @field_validator("command_node", "command_object")
-    @classmethod
-    def _node_id(cls, v: str | None) -> str | None:
-        return v if v is None else _check_node_id(v)
-
     @model_validator(mode="after")
     def _method_needs_object(self):
         if self.command_mode == "method" and not self.command_object:
             raise ValueError("command_mode method needs command_object, the NodeId of the object the method "
                              "belongs to")
         return self
+
+    def node_id(self, address: str) -> str:
+        """NodeId text for an address: NodeIds pass through, anything else goes through the profile."""
+        if _NODE_ID.match(address):
+            return address
+        from plc.profiles import get_profile
+
+        return get_profile(self.profile).parse(address).node_id
+
+
+_ADDRESS_FIELDS = ("command_node", "command_object", "status_node", "diagnostic_node")
 
 
 class UadpUdpTransport(_Section):
@@ -225,7 +238,17 @@ class Config(_Section):
 
 def _cross_checks(cfg: Config) -> list[tuple[tuple, str]]:
     """Problems that span sections: (location, reason)."""
+    from plc.profiles import ProfileError
+
     problems = []
+    for field in _ADDRESS_FIELDS:
+        value = getattr(cfg.plc, field)
+        if value:
+            try:
+                cfg.plc.node_id(value)
+            except ProfileError as exc:
+                problems.append((("plc", field), f"not a NodeId (ns=<i>;s=... or nsu=<uri>;s=...) and not a "
+                                                 f"{cfg.plc.profile} address: {exc}"))
     names = cfg.signal_names
     for i, s in enumerate(cfg.signals):
         if names.index(s.name) != i:

@@ -23,6 +23,8 @@ from ep.session import ModelRunner
 from plc.errors import TransportError
 from plc.eth import EthFrameSource
 from plc.frame import RxStampSource
+from plc.opcua_events import PlcEventWatcher
+from plc.profiles import PlcEvent, get_profile
 from plc.opcua_security import SECURITY_MODES, SECURITY_POLICY, Pki, TrustListValidator, thumbprint
 from plc.opcua_source import OpcUaSubscriptionSource
 from plc.uadp import compile_layout
@@ -70,6 +72,8 @@ class Daemon:
         self.alerts: deque = deque(maxlen=4096)
         self.alert_counts: Counter[str] = Counter()
         self.last_alerts: deque = deque(maxlen=20)
+        self.plc_events: deque = deque(maxlen=20)
+        self.plc_event_counts: Counter[str] = Counter()
         self.state = "starting"
         self.ready = threading.Event()
         self.startup_error: BaseException | None = None
@@ -174,11 +178,12 @@ class Daemon:
             raise StartupError(f"cannot connect to the PLC at {p.endpoint}: {exc or type(exc).__name__}\n"
                                f"  fix: check plc.endpoint and that the PLC's OPC UA server is running") from exc
         try:
-            node = client.get_node(await self._resolve_node(client, p.command_node, "plc.command_node"))
+            node = client.get_node(await self._resolve_node(client, p.node_id(p.command_node), "plc.command_node"))
             owner = None
             try:
                 if p.command_mode == "method":
-                    owner = client.get_node(await self._resolve_node(client, p.command_object, "plc.command_object"))
+                    owner = client.get_node(await self._resolve_node(client, p.node_id(p.command_object),
+                                                                     "plc.command_object"))
                     if await node.read_node_class() != ua.NodeClass.Method:
                         raise StartupError(f"plc.command_node {p.command_node}: is not a Method node "
                                            f"(command_mode: method)")
@@ -189,6 +194,12 @@ class Daemon:
                                            f"ByteString (the command envelope)")
             except ua.UaStatusCodeError as exc:
                 raise StartupError(f"plc.command_node {p.command_node}: not found on the PLC ({exc})") from exc
+            if p.status_node or p.diagnostic_node:
+                status = await self._resolve_node(client, p.node_id(p.status_node), "plc.status_node") \
+                    if p.status_node else None
+                diagnostic = await self._resolve_node(client, p.node_id(p.diagnostic_node), "plc.diagnostic_node") \
+                    if p.diagnostic_node else None
+                await PlcEventWatcher(get_profile(p.profile), self._on_plc_event).subscribe(client, status, diagnostic)
             if isinstance(self.source, OpcUaSubscriptionSource):
                 frames = await self._resolve_node(client, self.cfg.transport.node, "transport.node")
                 try:
@@ -199,6 +210,14 @@ class Daemon:
             await client.disconnect()
             raise
         self._client, self._command_node, self._command_owner = client, node, owner
+
+    def _on_plc_event(self, event: PlcEvent) -> None:
+        """A controller event (status word or diagnostic text), already structured by the vendor profile."""
+        self.plc_events.append(event)
+        self.plc_event_counts[event.code] += 1
+        log = self.log.warning if event.severity in ("error", "critical") else self.log.info
+        log("plc event", code=event.code, severity=event.severity, component=event.component, text=event.text,
+            vendor=event.vendor, plc_time_ns=event.timestamp_ns)
 
     async def _secure(self, client: Client) -> TrustListValidator:
         """Basic256Sha256 with this device's certificate; the PLC's certificate must be in the trust list."""
@@ -390,6 +409,9 @@ class Daemon:
             "stages_us": self.timings.stage_summary(),
             "alerts": dict(self.alert_counts),
             "recent_alerts": list(self.last_alerts)[-5:],
+            "plc_events": dict(self.plc_event_counts),
+            "recent_plc_events": [{"code": e.code, "severity": e.severity, "component": e.component, "text": e.text,
+                                   "t_ns": e.timestamp_ns} for e in list(self.plc_events)[-5:]],
             "audit_file": str(self.audit.path) if self.audit else None,
         }
 

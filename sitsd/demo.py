@@ -43,10 +43,10 @@ class Simulator:
 
     def __init__(self, udp_url: str, trust_key: Path, model_sha256: str, seed: int, rate_hz: float, workdir: Path,
                  opcua_frames: bool = False, link=None, security: str = "none", pki: Path | None = None,
-                 field_encoding: str = "variant"):
+                 field_encoding: str = "variant", profile: str = "simulator"):
         self._stderr = open(workdir / "plcsim.log", "wb")
         extra = ["--opcua-frames"] if opcua_frames else []
-        extra += ["--field-encoding", field_encoding]
+        extra += ["--field-encoding", field_encoding, "--profile", profile]
         if security != "none":
             extra += ["--security", security, "--pki", str(pki)]
         prefix = []
@@ -101,7 +101,8 @@ class Simulator:
 def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_path: Path | None = None,
              progress: TextIO | None = sys.stderr, force_software: bool = False, seed: int = 1,
              rate_hz: float = 100.0, overrides: dict | None = None, transport: str = "udp",
-             security: str = "sign-and-encrypt", field_encoding: str = "variant") -> dict:
+             security: str = "sign-and-encrypt", field_encoding: str = "variant",
+             profile: str = "simulator") -> dict:
     """Run the closed loop for `seconds` (or until `frames` frames) and return the summary dict.
 
     transport: "udp" (UADP over UDP multicast, read by the loop thread) or "opcua" (an OPC UA
@@ -150,7 +151,8 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
             _cross_trust(workdir / "pki-sitsd", plc_pki, link.plc_ip if link else "127.0.0.1")
             say(f"OPC UA security: Basic256Sha256 {security}, certificates trusted both ways")
         sim = Simulator(udp_url, key_path, model_sha, seed, rate_hz, workdir, opcua_frames=transport == "opcua",
-                        link=link, security=security, pki=plc_pki, field_encoding=field_encoding)
+                        link=link, security=security, pki=plc_pki, field_encoding=field_encoding,
+                        profile=profile)
         launch_time = sim.launch_time
         if transport == "udp":
             transport_cfg = {"transport.url": udp_url, "transport.interface": "127.0.0.1",
@@ -165,7 +167,9 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
         cfg: Config = load_config(config_path, {
             **attestation, **transport_cfg,
             "plc.endpoint": sim.endpoint, "plc.command_node": f"nsu={SIM_NAMESPACE};s=RollingMill.RollGapCommand",
-            "plc.security": security, "plc.pki_dir": str(workdir / "pki-sitsd"),
+            "plc.security": security, "plc.pki_dir": str(workdir / "pki-sitsd"), "plc.profile": profile,
+            "plc.status_node": f"nsu={SIM_NAMESPACE};s=RollingMill.Status",
+            "plc.diagnostic_node": f"nsu={SIM_NAMESPACE};s=RollingMill.Diagnostic",
             "audit.directory": str(workdir / "audit"), "control.socket": str(workdir / "control.sock"),
             **(overrides or {})})
         daemon = Daemon(cfg, signer=signer)
@@ -210,6 +214,8 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
             "rx_stamp_source": status["rx_stamp_source"],
             "vlan_pcp": status["vlan_pcp"],
             "launch_time": launch_time,
+            "plc_profile": profile,
+            "plc_events": status["plc_events"],
             "model_sha256": status["model_sha256"],
             "thickness_error_um": {k: round(v, 2) for k, v in plc_stats["thickness_error_um"].items()},
             "failsafe": c["failsafe"],
@@ -259,6 +265,8 @@ def human_summary(r: dict) -> str:
         f"  rejected by the PLC  {r['rejected_by_plc']} (the simulator verified {r['plc_accepted']} envelopes)",
         f"  signer               {r['signer']}",
         f"  OPC UA security      {r['security']}",
+        f"  PLC profile          {r['plc_profile']}"
+        + (f", events: {', '.join(f'{k} x{v}' for k, v in r['plc_events'].items())}" if r["plc_events"] else ""),
         f"  transport            {r['transport']} (RX timestamps: {r['rx_stamp_source']}"
         + (f", VLAN PCP {r['vlan_pcp']})" if r["vlan_pcp"] >= 0 else ")"),
         *([f"  launch time          {r['launch_time']}"] if r["transport"] == "eth" else []),

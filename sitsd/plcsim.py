@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--eth-url", default=None,
                     help="publish UADP over raw Ethernet instead of UDP, e.g. opc.eth://01-00-5E-7F-00-01:100.5")
     ap.add_argument("--eth-interface", default=None, help="interface for --eth-url (needs CAP_NET_RAW)")
+    ap.add_argument("--profile", choices=("simulator", "s7-1500", "controllogix", "melsec-iq-r"),
+                    default="simulator", help="emulate this vendor's status word and diagnostic texts")
     ap.add_argument("--field-encoding", choices=("variant", "raw"), default="variant",
                     help="UADP field encoding: Double Variants (default) or RawData")
     ap.add_argument("--launch-offset-us", type=float, default=None,
@@ -76,6 +78,7 @@ async def run(args) -> int:
                                  publisher_id=args.publisher_id, port=args.port, host=args.host,
                                  eth_url=args.eth_url, eth_interface=args.eth_interface,
                                  launch_offset_us=args.launch_offset_us, field_encoding=args.field_encoding,
+                                 profile=args.profile,
                                  security=args.security, pki_dir=str(args.pki) if args.pki else None,
                                  publish_opcua_frames=args.opcua_frames)
     if args.security != "none" and args.pki is None:

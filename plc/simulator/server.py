@@ -26,6 +26,7 @@ from asyncua import Server, ua
 
 from ..uadp import UadpMessage, compile_layout
 from ..eth import EthPublisher
+from ..profiles import get_profile
 from ..opcua_security import SERVER_POLICIES, Pki, TrustListValidator
 from ..udp import UdpPublisher
 from .physics import SIGNALS, DisturbanceSequence, MillParameters, Stand
@@ -35,6 +36,8 @@ FRAME_NODE = "RollingMill.SensorFrame"
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 COMMAND_NODE = "RollingMill.RollGapCommand"
 COMMAND_METHOD = "RollingMill.ApplyCommand"
+STATUS_NODE = "RollingMill.Status"
+DIAGNOSTIC_NODE = "RollingMill.Diagnostic"
 MILL_OBJECT = "RollingMill"
 
 # verify(envelope bytes) -> (sequence, values, failsafe); raises with a reason on rejection.
@@ -63,6 +66,7 @@ class SimulatorSettings:
     eth_url: str | None = None  # publish over raw Ethernet (opc.eth://...) instead of UDP
     eth_interface: str | None = None
     field_encoding: str = "variant"  # variant | raw (RawData, Annex A style)
+    profile: str = "simulator"  # emulate this vendor's status word and diagnostic texts
     launch_offset_us: float | None = None  # raw Ethernet: ask for SO_TXTIME launch at send time + offset
     security: str = "none"  # none | sign | sign-and-encrypt (Basic256Sha256)
     pki_dir: str | None = None  # created with a self-signed server certificate when empty
@@ -126,11 +130,28 @@ class RollingMillSimulator:
         server.set_attribute_value_setter(cmd.nodeid, self._on_command_write)
         await mill.add_method(ua.NodeId(COMMAND_METHOD, idx), "ApplyCommand", self._on_command_call,
                               [ua.VariantType.ByteString], [ua.VariantType.UInt32])
+        self._status_node = await mill.add_variable(ua.NodeId(STATUS_NODE, idx), "Status", 0, ua.VariantType.UInt32)
+        self._diagnostic_node = await mill.add_variable(ua.NodeId(DIAGNOSTIC_NODE, idx), "Diagnostic", "",
+                                                        ua.VariantType.String)
         await server.start()
         self.server = server
         self.endpoint = f"opc.tcp://{self.s.host}:{server.bserver.port}/sits/plcsim"
         self.namespace_index = idx
         self._loop = asyncio.get_running_loop()
+        self._vendor_task = self._loop.create_task(self._emulate_vendor())
+
+    async def _emulate_vendor(self, period_s: float = 1.0) -> None:
+        """Cycle through the profile's example status words and diagnostic texts, as its controllers show them."""
+        profile = get_profile(self.s.profile)
+        statuses, texts = profile.example_status(), profile.example_diagnostics()
+        i = 0
+        while self.server is not None and (statuses or texts):
+            if statuses:
+                await self._status_node.write_value(ua.Variant(statuses[i % len(statuses)], ua.VariantType.UInt32))
+            if texts:
+                await self._diagnostic_node.write_value(ua.Variant(texts[i % len(texts)], ua.VariantType.String))
+            i += 1
+            await asyncio.sleep(period_s)
 
     async def _secure(self, server: Server) -> None:
         """Only Basic256Sha256 endpoints; clients must be in the simulator's trust list, like a real PLC."""
@@ -250,6 +271,8 @@ class RollingMillSimulator:
 
     async def close(self) -> None:
         self.stop()
+        if getattr(self, "_vendor_task", None) is not None:
+            self._vendor_task.cancel()
         if self.server is not None:
             await self.server.stop()
             self.server = None

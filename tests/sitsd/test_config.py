@@ -53,7 +53,8 @@ def test_wrong_type_points_at_the_value(tmp_path):
     (lambda d: d["signals"][0].update(min=9.0), "signals[0]", "must be below max"),
     (lambda d: d["safety"]["actuators"][0].update(failsafe=1.0), "safety.actuators[0]", "outside"),
     (lambda d: d["attestation"].update(mode="tpm2", tcti=None), "attestation", "needs tcti"),
-    (lambda d: d["plc"].update(command_node="RollGap"), "plc.command_node", "NodeId"),
+    (lambda d: d["plc"].update(command_node="X1G", profile="melsec-iq-r"), "plc.command_node",
+     "'G' is not a hexadecimal digit at offset 2"),
     (lambda d: d["constraints"][0]["coefficients"].update(bogus=1.0), "constraints[0].coefficients.bogus",
      "not a declared signal"),
     (lambda d: d["plc"].update(profile="s5"), "plc.profile", "s7-1500"),
@@ -93,3 +94,10 @@ def test_transport_kinds_are_a_tagged_union():
     with pytest.raises(ConfigError) as exc:
         load_config(EXAMPLE_CONFIG, {"transport.publisher_id": "x"})
     assert exc.value.problems[0][0] == "transport.publisher_id"  # no discriminator value in the path
+
+
+def test_vendor_addresses_resolve_through_the_profile():
+    cfg = load_config(EXAMPLE_CONFIG, {"plc.profile": "s7-1500", "plc.command_node": "DB_AGC.RollGapCommand",
+                                       "plc.status_node": "ns=3;i=1001"})
+    assert cfg.plc.node_id(cfg.plc.command_node) == 'ns=3;s="DB_AGC"."RollGapCommand"'
+    assert cfg.plc.node_id(cfg.plc.status_node) == "ns=3;i=1001"  # NodeIds pass through

@@ -1,4 +1,6 @@
 """The closed loop end to end: swtpm, the simulator process verifying every envelope, the daemon."""
+import pytest
+
 from sitsd.demo import run_demo
 
 
@@ -58,3 +60,11 @@ def test_commands_as_opcua_method_calls():
                             "plc.command_object": ns + "RollingMill"})
     assert r["commands"] > 50 and r["rejected_by_plc"] == 0
     assert r["plc_accepted"] >= r["commands"] - 1
+
+
+@pytest.mark.parametrize("profile,prefix", [("s7-1500", "S7."), ("controllogix", "LOGIX."), ("melsec-iq-r", "MELSEC.")])
+def test_simulator_emulates_vendor_events_that_sitsd_structures(profile, prefix):
+    r = run_demo(seconds=2.5, progress=None, force_software=True, security="none", profile=profile)
+    assert r["plc_profile"] == profile and r["commands"] > 50
+    assert r["plc_events"], "no PLC events decoded"
+    assert all(code.startswith(prefix) for code in r["plc_events"])
