@@ -1,6 +1,8 @@
-"""Append-only audit log of acknowledged commands, as a SHA-256 hash chain of JSON lines.
+"""Append-only audit log of the commands sent to the PLC, as a SHA-256 hash chain of JSON lines.
 
-Written by the I/O thread after the PLC acknowledged a write. Each record carries the hash of
+Written by the I/O thread once a write has an outcome: "acknowledged" by the PLC, "rejected" by it
+(Bad status), or "unconfirmed" (the session broke mid-write: the PLC may or may not have applied
+it). Each record carries the hash of
 the previous one, so deleting, reordering or editing a record breaks `verify_chain`. Records are
 flushed at once and fsynced at most once a second.
 """

@@ -272,7 +272,7 @@ class Daemon:
         c.commands += 1
         c.failsafe += 1
         self.audit.append({"seq": cmd.sequence, "frame_seq": 0, "values": values, "failsafe": True, "sent_ns": now,
-                           "ack_ns": ack, "envelope": envelope.hex(), "reason": "startup"})
+                           "outcome": "acknowledged", "ack_ns": ack, "envelope": envelope.hex(), "reason": "startup"})
         self.log.info("PLC accepted the startup fail-safe command", rtt_ms=round((ack - now) / 1e6, 2))
 
     # -- the I/O thread ----------------------------------------------------------------------------
@@ -302,19 +302,26 @@ class Daemon:
             except ua.UaStatusCodeError as exc:
                 c.write_errors += 1
                 self._alert("plc_rejected", f"PLC refused command {item.sequence}: {exc}", item)
+                self._audit(item, "rejected", error=type(exc).__name__)
                 continue
             except (ConnectionError, OSError, asyncio.TimeoutError, ua.UaError) as exc:
+                # the PLC may or may not have applied it: say so in the audit log, never claim either
                 c.write_errors += 1
                 self._alert("plc_write", f"write of command {item.sequence} failed: {exc!r}", item)
+                self._audit(item, "unconfirmed", error=repr(exc))
                 await self._reconnect()
                 continue
             ack = time.time_ns()
             stages[item.row, write_i] = (ack - start) * 1e-3
             latency[item.row] = (ack - item.sender_timestamp_ns) * 1e-3
             c.commands += 1
-            self.audit.append({"seq": item.sequence, "frame_seq": item.frame_sequence, "values": item.values,
-                               "failsafe": item.failsafe, "sent_ns": item.sender_timestamp_ns, "ack_ns": ack,
-                               "envelope": item.envelope.hex()})
+            self._audit(item, "acknowledged", ack_ns=ack)
+
+    def _audit(self, item: Outgoing, outcome: str, **extra) -> None:
+        """Every command that reached the wire: acknowledged, rejected by the PLC, or unconfirmed."""
+        self.audit.append({"seq": item.sequence, "frame_seq": item.frame_sequence, "values": item.values,
+                           "failsafe": item.failsafe, "sent_ns": item.sender_timestamp_ns, "outcome": outcome,
+                           "envelope": item.envelope.hex(), **extra})
 
     async def _send(self, envelope: bytes) -> None:
         """One command to the PLC, as a variable write or a method call; a Bad status raises."""

@@ -120,3 +120,55 @@ def test_launch_time_is_detected_and_reported_and_frames_still_flow(veth_pair):
     else:
         assert "refuses SO_TXTIME" in status or "no etf/taprio qdisc" in status
     assert len(json.loads(out.splitlines()[-1])["frames"]) == 5
+
+
+UDP_RECEIVER = """
+import json, sys
+from plc.udp import UdpFrameSource
+from plc.uadp import FixedLayout
+src = UdpFrameSource(sys.argv[1], FixedLayout(3), sys.argv[2], publisher_id=7)
+print("ready", flush=True)
+out = []
+while len(out) < int(sys.argv[3]):
+    f = src.receive(5.0)
+    if f is None:
+        break
+    out.append({"seq": f.sequence_number, "values": f.values.tolist(), "source": f.rx_stamp_source.name,
+                "sent": f.sender_timestamp_ns, "rx": f.rx_timestamp_ns})
+print(json.dumps({"frames": out}), flush=True)
+"""
+
+UDP_PUBLISHER = """
+import sys, time
+from plc.udp import UdpPublisher
+from plc.uadp import FixedLayout, UadpMessage
+pub = UdpPublisher(sys.argv[1], sys.argv[2])
+layout = FixedLayout(3)
+for seq in range(1, int(sys.argv[3]) + 1):
+    pub.send(layout.encode(UadpMessage(7, 1, 1, seq, seq, time.time_ns(), (seq, 0.5, -seq))))
+    time.sleep(0.002)
+"""
+
+
+def test_udp_multicast_between_namespaces(veth_pair):
+    ns_a, if_a, ns_b, if_b = veth_pair
+    for ns, ifname, ip in ((ns_a, if_a, "10.214.7.1"), (ns_b, if_b, "10.214.7.2")):
+        for args in (["addr", "add", f"{ip}/30", "dev", ifname], ["route", "add", "224.0.0.0/4", "dev", ifname]):
+            subprocess.run(["ip", "-n", ns, *args], check=True)
+    url = "opc.udp://239.255.7.7:48407"
+    receiver = subprocess.Popen(["ip", "netns", "exec", ns_b, sys.executable, "-c", UDP_RECEIVER, url, "10.214.7.2",
+                                 "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert receiver.stdout.readline().strip() == "ready", receiver.stderr.read()
+        pub = subprocess.run(["ip", "netns", "exec", ns_a, sys.executable, "-c", UDP_PUBLISHER, url, "10.214.7.1",
+                              "20"], capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert pub.returncode == 0, pub.stderr
+        out, err = receiver.communicate(timeout=30)
+    finally:
+        if receiver.poll() is None:
+            receiver.kill()
+    frames = json.loads(out.splitlines()[-1])["frames"]
+    assert [f["seq"] for f in frames] == list(range(1, 21))
+    assert frames[9]["values"] == [10.0, 0.5, -10.0]
+    assert {f["source"] for f in frames[1:]} == {"SOFTWARE"}
+    assert all(0 <= f["rx"] - f["sent"] < 1_000_000_000 for f in frames)
