@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -33,25 +34,109 @@ class _Section(BaseModel):
 
 
 class Signal(_Section):
+    """One field of the frame. Types: float and int need min/max; enum lists its values; bool is 0/1;
+    bits gives the mask of bits that may be set. `on_invalid` says what a NaN, an Inf or a value of
+    the wrong type does: failsafe (drop the frame, send the fail-safe command), hold_last (use the
+    last accepted value and alert), or drop (drop the frame; consecutive drops lead to the fail-safe)."""
+
     name: str = Field(pattern=_NAME)
     unit: str
-    min: float
-    max: float
+    type: Literal["float", "int", "bool", "enum", "bits"] = "float"
+    min: float | None = None
+    max: float | None = None
+    values: list[float] | None = Field(default=None, min_length=1, description="enum: the allowed values")
+    mask: int | None = Field(default=None, ge=1, le=2**53 - 1, description="bits: the bits that may be set")
     max_rate: float | None = Field(default=None, gt=0, description="largest change per second")
+    on_invalid: Literal["failsafe", "hold_last", "drop"] = "failsafe"
 
     @model_validator(mode="after")
-    def _range(self):
-        if not self.min < self.max:
-            raise ValueError(f"min ({self.min}) must be below max ({self.max})")
+    def _shape(self):
+        if self.type in ("float", "int"):
+            if self.min is None or self.max is None:
+                raise ValueError(f"a {self.type} signal needs min and max")
+            if not self.min < self.max:
+                raise ValueError(f"min ({self.min}) must be below max ({self.max})")
+        if self.type == "enum" and not self.values:
+            raise ValueError("an enum signal needs values: [..]")
+        if self.type != "enum" and self.values is not None:
+            raise ValueError(f"values only apply to enum signals, this one is {self.type}")
+        if self.type == "bits" and self.mask is None:
+            raise ValueError("a bits signal needs mask (the bits that may be set)")
+        if self.type != "bits" and self.mask is not None:
+            raise ValueError(f"mask only applies to bits signals, this one is {self.type}")
+        if self.type in ("enum", "bool", "bits") and (self.min is not None or self.max is not None):
+            raise ValueError(f"a {self.type} signal takes its range from its type; drop min/max")
         return self
+
+    @property
+    def lower(self) -> float:
+        """Smallest admissible value (the range gate and the deploy-time solver use it)."""
+        if self.type == "enum":
+            return min(self.values)
+        if self.type in ("bool", "bits"):
+            return 0.0
+        return self.min
+
+    @property
+    def upper(self) -> float:
+        if self.type == "enum":
+            return max(self.values)
+        if self.type == "bool":
+            return 1.0
+        if self.type == "bits":
+            return float(self.mask)
+        return self.max
+
+
+_CONDITION = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(==|!=|<=|>=|<|>)\s*(-?[0-9.eE+-]+)\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    signal: str
+    op: str  # == != < <= > >=
+    value: float
+
+
+def parse_when(text: str) -> tuple[Condition, ...]:
+    """`mode == 2 and speed > 1.5` -> conditions that must all hold; ValueError says what is wrong."""
+    out = []
+    for part in re.split(r"\s+and\s+", text.strip()):
+        m = _CONDITION.match(part)
+        if not m:
+            raise ValueError(f"cannot read condition {part!r}: write <signal> <op> <number> with op one of "
+                             f"== != < <= > >=, joined by 'and' (e.g. mill_mode == 2 and strip_speed > 1)")
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            raise ValueError(f"condition {part!r}: {m.group(3)!r} is not a number") from None
+        out.append(Condition(m.group(1), m.group(2), value))
+    return tuple(out)
 
 
 class LinearConstraint(_Section):
-    """sum(coefficients[s] * s) <= max, over named signals."""
+    """min <= sum(coefficients[s] * s) <= max over named signals (either bound may be omitted),
+    enforced only while every condition in `when` holds."""
 
     name: str = Field(pattern=_NAME)
     coefficients: dict[str, float] = Field(min_length=1)
-    max: float
+    max: float | None = None
+    min: float | None = None
+    when: str | None = Field(default=None, description="e.g. 'mill_mode == 2 and strip_speed > 1.0'")
+
+    @model_validator(mode="after")
+    def _bounds(self):
+        if self.max is None and self.min is None:
+            raise ValueError("a linear constraint needs max, min or both")
+        if self.max is not None and self.min is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        if self.when is not None:
+            parse_when(self.when)
+        return self
+
+    @property
+    def conditions(self) -> tuple[Condition, ...]:
+        return parse_when(self.when) if self.when else ()
 
 
 class Module(_Section):
@@ -260,6 +345,10 @@ def _cross_checks(cfg: Config) -> list[tuple[tuple, str]]:
         for sig in c.coefficients:
             if sig not in names:
                 problems.append((("constraints", i, "coefficients", sig), f"{sig!r} is not a declared signal"))
+        for cond in c.conditions:
+            if cond.signal not in names:
+                problems.append((("constraints", i, "when"), f"condition on {cond.signal!r}, which is not a "
+                                                             f"declared signal"))
     outputs = {a.output for a in cfg.safety.actuators}
     for i, out in enumerate(cfg.model.outputs):
         if out not in outputs:
@@ -273,7 +362,7 @@ def _cross_checks(cfg: Config) -> list[tuple[tuple, str]]:
     if cfg.modules:
         problems.append((("modules",), "WASM modules are not supported by this build yet; leave the list empty"))
     for i, s in enumerate(cfg.signals):
-        if not (math.isfinite(s.min) and math.isfinite(s.max)):
+        if not (math.isfinite(s.lower) and math.isfinite(s.upper)):
             problems.append((("signals", i), "min and max must be finite"))
     return problems
 

@@ -15,15 +15,15 @@ class ConstraintGate:
     def __init__(self, signals: list[Signal], constraints: list[LinearConstraint]) -> None:
         n = len(signals)
         index = {s.name: i for i, s in enumerate(signals)}
-        self.lo = np.array([s.min for s in signals])
-        self.hi = np.array([s.max for s in signals])
+        self.lo = np.array([s.lower for s in signals])
+        self.hi = np.array([s.upper for s in signals])
         self.max_rate = np.array([s.max_rate if s.max_rate else np.inf for s in signals])
         self.has_rates = bool(np.isfinite(self.max_rate).any())
         self.a = np.zeros((len(constraints), n))
         for row, c in enumerate(constraints):
             for name, coef in c.coefficients.items():
                 self.a[row, index[name]] = coef
-        self.b = np.array([c.max for c in constraints]) + 1e-12
+        self.b = np.array([c.max if c.max is not None else np.inf for c in constraints]) + 1e-12
         # names, in index order: finite checks, ranges, rates, then the linear constraints
         self.names = ([f"{s.name}.finite" for s in signals] + [f"{s.name}.range" for s in signals]
                       + [f"{s.name}.max_rate" for s in signals] + [c.name for c in constraints])
