@@ -160,10 +160,20 @@ class ControlLoop:
         violated = self.constraints.check(frame.values, frame.sender_timestamp_ns)
         p2 = time.perf_counter_ns()
         stages[row, _T["constraint_gate"]] = (p2 - p1) * 1e-3
+        if self.constraints.last_substituted:
+            self.alerts.append((t_loop, "hold_last", f"invalid {', '.join(self.constraints.last_substituted)}: "
+                                "held the last accepted value", frame.publisher_id, frame.sequence_number))
+            self.constraints.last_substituted = []
         if violated >= 0:
             c.dropped_constraint += 1
             self.alerts.append((t_loop, "constraint", self.constraints.describe(violated, frame.values),
                                 frame.publisher_id, frame.sequence_number))
+            if self.constraints.policy(violated) == "drop":
+                self._consecutive_drops += 1
+                if self._consecutive_drops >= self.max_consecutive_drops:
+                    self._consecutive_drops = 0
+                    self._send(frame, row, self.safety.failsafe, True, deadline, "consecutive_drops")
+                return
             self._send(frame, row, self.safety.failsafe, True, deadline, "constraint")
             return
         self._consecutive_drops = 0

@@ -13,7 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SIGNALS = ("entry_thickness", "exit_thickness", "roll_gap", "rolling_force", "strip_tension", "strip_speed")
+SIGNALS = ("entry_thickness", "exit_thickness", "roll_gap", "rolling_force", "strip_tension", "strip_speed",
+           "mill_mode")
+MEASURED = 6  # the first six are sensor readings; mill_mode is the PLC's operating mode
+MODE_AUTOMATIC = 2.0  # 0 stopped, 1 threading/setup, 2 automatic gauge control
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,8 @@ class Stand:
         self.force = d.plasticity * (d.entry_thickness - self.exit) - p.tension_gain * (d.tension - p.nominal_tension)
 
     def measure(self, d: Disturbance, out: np.ndarray) -> None:
-        """Sensor readings in SIGNALS order, with noise."""
+        """Sensor readings in SIGNALS order, with noise (the first MEASURED entries; a longer `out`
+        also gets the operating mode, which has no noise)."""
         p = self.p
         speed = p.entry_speed * d.entry_thickness / self.exit
         out[0] = d.entry_thickness
@@ -123,4 +127,6 @@ class Stand:
         out[3] = self.force
         out[4] = d.tension
         out[5] = speed
-        out += d.noise
+        out[:MEASURED] += d.noise
+        if len(out) > MEASURED:
+            out[MEASURED] = MODE_AUTOMATIC

@@ -105,3 +105,92 @@ class TestSafetyEnvelope:
     def test_non_finite_output_becomes_failsafe(self):
         s = self.make()
         assert s.apply(np.array([np.nan]), 1).tolist() == [0.0]
+
+
+# -- the constraint language: types, enums, masks, two-sided and conditional constraints ------------
+
+from sitsd.gates.constraints import evaluate_directly  # noqa: E402
+
+TYPED = [
+    Signal(name="mode", unit="1", type="enum", values=[0, 1, 2]),
+    Signal(name="flags", unit="1", type="bits", mask=0b1011),
+    Signal(name="count", unit="1", type="int", min=0, max=100),
+    Signal(name="run", unit="1", type="bool"),
+    Signal(name="speed", unit="m/s", min=0.0, max=10.0, max_rate=5.0, on_invalid="hold_last"),
+    Signal(name="force", unit="kN", min=0.0, max=100.0, on_invalid="drop"),
+]
+RULES = [
+    LinearConstraint(name="band", coefficients={"speed": 1.0, "force": -0.1}, min=-5.0, max=5.0),
+    LinearConstraint(name="slow_in_setup", coefficients={"speed": 1.0}, max=2.0, when="mode == 1"),
+    LinearConstraint(name="run_needs_speed", coefficients={"speed": 1.0}, min=0.5, when="run == 1 and mode >= 1"),
+]
+OK = [2.0, 0b1001, 7.0, 1.0, 3.0, 20.0]
+
+
+def _check(values, ts=1):
+    g = ConstraintGate(TYPED, RULES)
+    idx = g.check(np.array(values, dtype=float), ts)
+    return g, (None if idx < 0 else g.names[idx])
+
+
+class TestConstraintLanguage:
+    def test_valid_frame_passes(self):
+        assert _check(OK)[1] is None
+
+    @pytest.mark.parametrize("position,value,rule", [
+        (0, 3.0, "mode.range"), (0, 1.5, "mode.domain"),  # above the largest value; not an enum value
+        (1, 0b0100, "flags.domain"),  # bit 2 is not in the mask
+        (2, 7.5, "count.domain"),  # not an integer
+        (3, 0.5, "run.domain"), (3, 2.0, "run.range"),
+        (5, float("inf"), "force.finite"), (2, float("nan"), "count.finite"),
+    ])
+    def test_each_domain_rule_is_named(self, position, value, rule):
+        frame = list(OK)
+        frame[position] = value
+        assert _check(frame)[1] == rule
+
+    def test_two_sided_linear_constraint(self):
+        assert _check([2.0, 9, 7, 1, 9.9, 10.0])[1] == "band"  # 9.9 - 1.0 = 8.9 > 5
+        assert _check([2.0, 9, 7, 1, 0.6, 80.0])[1] == "band"  # 0.6 - 8 < -5
+
+    def test_conditional_constraints_apply_only_when_their_conditions_hold(self):
+        assert _check([2.0, 9, 7, 1, 3.0, 20.0])[1] is None  # mode 2: slow_in_setup inactive
+        assert _check([1.0, 9, 7, 1, 3.0, 20.0])[1] == "slow_in_setup"
+        assert _check([1.0, 9, 7, 1, 0.2, 2.0])[1] == "run_needs_speed"  # run and mode >= 1
+        assert _check([0.0, 9, 7, 1, 0.2, 2.0])[1] is None  # mode 0: both inactive
+        assert _check([2.0, 9, 7, 0, 0.2, 2.0])[1] is None  # run 0
+
+    def test_hold_last_substitutes_and_reports(self):
+        g = ConstraintGate(TYPED, RULES)
+        assert g.check(np.array(OK, dtype=float), 1_000 * MS) == -1
+        frame = np.array(OK, dtype=float)
+        frame[4] = np.nan
+        assert g.check(frame, 1_010 * MS) == -1  # speed held at its last value
+        assert frame[4] == OK[4] and g.substituted == 1 and g.last_substituted == ["speed"]
+
+    def test_hold_last_without_a_previous_value_fails(self):
+        frame = list(OK)
+        frame[4] = float("nan")
+        assert _check(frame)[1] == "speed.finite"
+
+    def test_policies(self):
+        g = ConstraintGate(TYPED, RULES)
+        assert g.policy(g.names.index("force.finite")) == "drop"
+        assert g.policy(g.names.index("mode.domain")) == "failsafe"
+        assert g.policy(g.names.index("band")) == "failsafe"
+        assert g.kind(g.names.index("band")) == "linear"
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.lists(st.one_of(st.floats(-5, 120), st.sampled_from([0.0, 1.0, 2.0, 3.0, 8.0, 9.0, 11.0])),
+                    min_size=6, max_size=6),
+           st.lists(st.floats(-5, 120), min_size=6, max_size=6), st.floats(0.001, 0.5))
+    def test_compiled_checker_agrees_with_direct_evaluation(self, values, prev, dt):
+        g = ConstraintGate(TYPED, RULES)
+        prev_ok = evaluate_directly(TYPED, RULES, prev) is None
+        if prev_ok:
+            assert g.check(np.array(prev, dtype=float), 1_000_000_000) == -1
+        t1 = 1_000_000_000 + int(dt * 1e9)
+        frame = np.array(values, dtype=float)
+        got = g.check(frame, t1)
+        want = evaluate_directly(TYPED, RULES, values, prev if prev_ok else None, dt if prev_ok else None)
+        assert (None if got < 0 else g.names[got]) == want

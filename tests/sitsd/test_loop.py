@@ -15,7 +15,7 @@ from sitsd.stats import STAGE_INDEX, TimingRing
 
 from ..conftest import EXAMPLE_CONFIG
 
-NOMINAL = [4.0, 3.0, 1.4, 8000.0, 120.0, 2.667]
+NOMINAL = [4.0, 3.0, 1.4, 8000.0, 120.0, 2.667, 2.0]  # the last is mill_mode: automatic
 
 
 def build(deadline_ms=8.0, max_transit_ms=5.0, max_drops=3):
@@ -125,3 +125,24 @@ def test_loop_thread_scheduling_applied_or_refusal_reported():
             assert os.sched_getaffinity(tid) == {0}
     finally:
         loop.stop()
+
+
+def test_conditional_constraint_of_the_demo_config():
+    loop, sent, verifier = build()
+    threading_fast = list(NOMINAL)
+    threading_fast[6] = 1.0  # mill_mode 1 (threading) while the strip runs at 2.7 m/s
+    loop.step(frame(1, threading_fast))
+    assert verifier.verify(sent[-1].envelope).command.failsafe
+    assert "threading_speed" in loop.alerts[-1][2] and "mill_mode == 1" in loop.alerts[-1][2]
+
+
+def test_invalid_strip_speed_is_held_at_its_last_value():
+    loop, sent, verifier = build()
+    loop.step(frame(1))
+    bad = list(NOMINAL)
+    bad[5] = float("nan")  # strip_speed has on_invalid: hold_last
+    loop.step(frame(2, bad, age_ns=100_000))
+    env = verifier.verify(sent[-1].envelope)
+    assert not env.command.failsafe  # the model still ran, on the held value
+    assert loop.alerts[-1][1] == "hold_last" and "strip_speed" in loop.alerts[-1][2]
+    assert loop.constraints.substituted == 1
