@@ -341,7 +341,10 @@ def _cross_checks(cfg: Config) -> list[tuple[tuple, str]]:
     for i, name in enumerate(cfg.model.inputs):
         if name not in names:
             problems.append((("model", "inputs", i), f"{name!r} is not a declared signal; declared: {', '.join(names)}"))
+    constraint_names = [c.name for c in cfg.constraints]
     for i, c in enumerate(cfg.constraints):
+        if constraint_names.index(c.name) != i:
+            problems.append((("constraints", i, "name"), f"constraint {c.name!r} is declared twice"))
         for sig in c.coefficients:
             if sig not in names:
                 problems.append((("constraints", i, "coefficients", sig), f"{sig!r} is not a declared signal"))
