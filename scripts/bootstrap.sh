@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 EXTRAS="${EXTRAS:-test}"
-APT_PACKAGES=(swtpm swtpm-tools tpm2-tools libtss2-dev libsystemd-dev pkg-config gcc python3-dev python3-venv iproute2 systemd)
+APT_PACKAGES=(swtpm swtpm-tools tpm2-tools libtss2-dev libsystemd-dev pkg-config gcc python3-dev python3-venv iproute2 systemd linuxptp)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -240,12 +240,29 @@ TransportSection = Annotated[UadpUdpTransport | UadpEthTransport | OpcUaSubscrip
 _TRANSPORT_KINDS = ("uadp-udp", "uadp-eth", "opcua-subscription")
 
 
+class PtpSection(_Section):
+    """linuxptp's state, read with `pmc` over ptp4l's UNIX socket, and what to do when it is not locked."""
+
+    enabled: Literal["auto", "on", "off"] = Field(
+        default="auto", description="auto: watch if ptp4l answers; on: a missing ptp4l counts as unsynchronised")
+    uds: Path = Path("/var/run/ptp4l")
+    max_offset_ns: int = Field(default=1000, gt=0, description="largest |master offset| that counts as locked")
+    policy: Literal["warn", "drop", "failsafe"] = Field(
+        default="warn", description="unsynchronised clock: alert only, drop frames, or send the fail-safe")
+    poll_s: float = Field(default=1.0, gt=0)
+
+
 class TimingSection(_Section):
     cycle_ms: float = Field(gt=0)
     deadline_ms: float = Field(gt=0, description="budget from the PLC's send time to the command leaving")
-    max_transit_ms: float = Field(gt=0)
+    max_transit_ms: float = Field(gt=0, description="largest RX stamp minus sender stamp")
     max_future_ms: float = Field(default=1.0, ge=0)
+    max_age_ms: float | None = Field(default=None, gt=0,
+                                     description="largest age of a frame when the loop picks it up (stale)")
+    replay_window: int = Field(default=64, ge=1, le=32767, description="sequence numbers remembered per writer")
+    require_hardware_stamps: bool = False
     max_consecutive_drops: int = Field(default=5, ge=1)
+    ptp: PtpSection = PtpSection()
 
 
 class Actuator(_Section):

@@ -35,6 +35,7 @@ from .audit import AuditLog
 from .config import Config, OpcUaSubscriptionTransport, UadpEthTransport
 from .errors import StartupError
 from .gates import ConstraintGate, SafetyEnvelope, TimestampGate
+from .gates.ptp import query_pmc
 from .log import get_logger
 from .notify import Notifier
 from .pipeline import ControlLoop, Counters, Outgoing
@@ -75,6 +76,7 @@ class Daemon:
         self.plc_events: deque = deque(maxlen=20)
         self.plc_event_counts: Counter[str] = Counter()
         self.state = "starting"
+        self.ptp_status = None
         self.ready = threading.Event()
         self.startup_error: BaseException | None = None
         self.exit_code = 0
@@ -128,14 +130,17 @@ class Daemon:
             raise StartupError(str(exc)) from exc
         self.loop = ControlLoop(
             source=self.source,
-            timestamp_gate=TimestampGate(int(cfg.timing.max_transit_ms * 1e6), int(cfg.timing.max_future_ms * 1e6)),
+            timestamp_gate=TimestampGate(
+                int(cfg.timing.max_transit_ms * 1e6), int(cfg.timing.max_future_ms * 1e6),
+                max_age_ns=int(cfg.timing.max_age_ms * 1e6) if cfg.timing.max_age_ms else None,
+                window=cfg.timing.replay_window, require_hardware_stamps=cfg.timing.require_hardware_stamps),
             constraint_gate=ConstraintGate(cfg.signals, cfg.constraints),
             model=self.model,
             input_index=[names.index(n) for n in cfg.model.inputs],
             safety=SafetyEnvelope(cfg.safety.actuators, cfg.model.outputs),
             signer=self.signer, submit=self._submit_threadsafe, target=cfg.plc.command_node,
             deadline_ns=int(cfg.timing.deadline_ms * 1e6), sign_budget_ns=sign_budget_ns,
-            max_consecutive_drops=cfg.timing.max_consecutive_drops,
+            max_consecutive_drops=cfg.timing.max_consecutive_drops, clock_policy=cfg.timing.ptp.policy,
             timings=self.timings, counters=self.counters, alerts=self.alerts,
             loop_cpu=cfg.runtime.loop_cpu, realtime_priority=cfg.runtime.realtime_priority)
 
@@ -387,6 +392,26 @@ class Daemon:
                 self.notifier.status(self.status_line())
                 last_status = now
 
+    async def _watch_ptp(self) -> None:
+        """Poll linuxptp; with policy drop/failsafe an unlocked clock closes the timestamp gate."""
+        ptp = self.cfg.timing.ptp
+        if ptp.enabled == "off":
+            return
+        last = None
+        while True:
+            status = await asyncio.to_thread(query_pmc, ptp.uds)
+            self.ptp_status = status
+            ok = status.locked(ptp.max_offset_ns) or (not status.available and ptp.enabled == "auto")
+            if ptp.policy != "warn":
+                self.loop.ts_gate.clock_ok = ok
+            if ok != last:
+                if ok:
+                    self.log.info("clock synchronisation", ptp=status.describe(ptp.max_offset_ns))
+                else:
+                    self.alerts.append((time.time_ns(), "clock", status.describe(ptp.max_offset_ns), 0, 0))
+                last = ok
+            await asyncio.sleep(ptp.poll_s)
+
     def status_line(self) -> str:
         c = self.counters
         lat = self.timings.latency_summary()
@@ -408,6 +433,7 @@ class Daemon:
             "rx_stamp_source": (RxStampSource(self.loop.last_rx_source).name.lower()
                                 if self.loop is not None and self.loop.last_rx_source >= 0 else None),
             "vlan_pcp": self.loop.last_vlan_pcp if self.loop is not None else -1,
+            "ptp": self.ptp_status.describe(self.cfg.timing.ptp.max_offset_ns) if self.ptp_status else None,
             "counters": {**c.as_dict(), "dropped": c.dropped_timestamp + c.dropped_constraint,
                          "lost": self.loop.ts_gate.lost if self.loop else 0,
                          "malformed": self.source.malformed if self.source else 0,
@@ -444,7 +470,8 @@ class Daemon:
                 self.log.error("startup failed", error=str(exc))
                 return 1
             tasks = [asyncio.create_task(self._writer(), name="writer"),
-                     asyncio.create_task(self._housekeeping(), name="housekeeping")]
+                     asyncio.create_task(self._housekeeping(), name="housekeeping"),
+                     asyncio.create_task(self._watch_ptp(), name="ptp")]
             discarded = self.source.discard_pending()  # frames that arrived during startup are stale
             self.loop.start()
             self.state = "running"

@@ -23,7 +23,7 @@ from plc.frame import Frame
 
 from .gates.constraints import ConstraintGate
 from .gates.safety import SafetyEnvelope
-from .gates.timestamp import REASONS, TimestampGate
+from .gates.timestamp import CLOCK, REASONS, TimestampGate
 from .stats import STAGE_INDEX, TimingRing
 
 _T = {name: STAGE_INDEX[name] for name in STAGE_INDEX}
@@ -67,7 +67,8 @@ class ControlLoop:
                  model: ModelRunner, input_index: list[int], safety: SafetyEnvelope, signer,
                  submit: Callable[[Outgoing], None], target: str, deadline_ns: int, sign_budget_ns: int,
                  max_consecutive_drops: int, timings: TimingRing, counters: Counters,
-                 alerts: deque, loop_cpu: int | None = None, realtime_priority: int | None = None) -> None:
+                 alerts: deque, loop_cpu: int | None = None, realtime_priority: int | None = None,
+                 clock_policy: str = "warn") -> None:
         self.source = source
         self.ts_gate = timestamp_gate
         self.constraints = constraint_gate
@@ -83,6 +84,7 @@ class ControlLoop:
         self.timings = timings
         self.counters = counters
         self.alerts = alerts
+        self.clock_policy = clock_policy
         self.loop_cpu = loop_cpu
         self.realtime_priority = realtime_priority
         self.model_sha256 = model.sha256
@@ -142,12 +144,15 @@ class ControlLoop:
         deadline = frame.sender_timestamp_ns + self.deadline_ns
 
         p0 = time.perf_counter_ns()
-        reason = self.ts_gate.check(frame)
+        reason = self.ts_gate.check(frame, t_loop)
         p1 = time.perf_counter_ns()
         stages[row, _T["timestamp_gate"]] = (p1 - p0) * 1e-3
         if reason:
             c.dropped_timestamp += 1
             self.alerts.append((t_loop, "timestamp", REASONS[reason], frame.publisher_id, frame.sequence_number))
+            if reason == CLOCK and self.clock_policy == "failsafe":
+                self._send(frame, row, self.safety.failsafe, True, deadline, "clock")
+                return
             self._consecutive_drops += 1
             if self._consecutive_drops >= self.max_consecutive_drops:
                 self._consecutive_drops = 0

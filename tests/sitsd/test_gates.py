@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from plc.frame import Frame, RxStampSource
 from sitsd.config import Actuator, LinearConstraint, Signal
 from sitsd.gates import ConstraintGate, SafetyEnvelope, TimestampGate
-from sitsd.gates.timestamp import DUPLICATE, FUTURE, PASS, REPLAY, STALE
+from sitsd.gates.timestamp import CLOCK, DUPLICATE, FUTURE, PASS, REORDERED, REPLAY, STALE, STAMP_SOURCE, TRANSIT
 
 MS = 1_000_000
 
@@ -21,18 +21,56 @@ class TestTimestampGate:
         assert [g.check(frame(s)) for s in (1, 2, 5)] == [PASS] * 3
         assert g.lost == 2
 
-    def test_stale_future_duplicate_replay(self):
-        g = TimestampGate(5 * MS, 1 * MS)
-        assert g.check(frame(1, rx=10_000 * MS + 6 * MS)) == STALE
+    def test_transit_future_duplicate_reordered_replay(self):
+        g = TimestampGate(5 * MS, 1 * MS, window=8)
+        assert g.check(frame(1, rx=10_000 * MS + 6 * MS)) == TRANSIT
         assert g.check(frame(1, rx=10_000 * MS - 2 * MS)) == FUTURE
         assert g.check(frame(10)) == PASS
         assert g.check(frame(10)) == DUPLICATE
-        assert g.check(frame(9)) == REPLAY
+        assert g.check(frame(12)) == PASS  # 11 lost so far
+        assert g.check(frame(11)) == REORDERED  # arrived late, within the window: dropped, remembered
+        assert g.check(frame(11)) == DUPLICATE
+        assert g.check(frame(10)) == DUPLICATE
+        assert g.check(frame(3)) == REPLAY  # older than the window
+        assert g.lost == 1
+
+    def test_window_survives_large_forward_steps(self):
+        g = TimestampGate(5 * MS, 1 * MS, window=8)
+        assert g.check(frame(1)) == PASS
+        assert g.check(frame(100)) == PASS  # the window restarts at 100
+        assert g.check(frame(99)) == REORDERED
+
+    def test_stale_at_processing_time(self):
+        g = TimestampGate(5 * MS, 1 * MS, max_age_ns=20 * MS)
+        assert g.check(frame(1), now_ns=10_000 * MS + 10 * MS) == PASS
+        assert g.check(frame(2), now_ns=10_000 * MS + 25 * MS) == STALE
+
+    def test_hardware_stamps_required(self):
+        g = TimestampGate(5 * MS, 1 * MS, require_hardware_stamps=True)
+        assert g.check(frame(1)) == STAMP_SOURCE
+        hw = Frame(7, 1, 1, 10_000 * MS, 10_001 * MS, RxStampSource.HARDWARE, np.zeros(1))
+        assert g.check(hw) == PASS
+
+    def test_unsynchronised_clock(self):
+        g = TimestampGate(5 * MS, 1 * MS)
+        g.clock_ok = False
+        assert g.check(frame(1)) == CLOCK
+
+    def test_clock_jumps(self):
+        g = TimestampGate(5 * MS, 1 * MS)
+        assert g.check(frame(1)) == PASS
+        # the PLC's clock jumps an hour ahead of ours: frames look like they come from the future
+        assert g.check(frame(2, sent=10_000 * MS + 3_600_000 * MS, rx=10_010 * MS)) == FUTURE
+        # our clock jumps ahead (or the PLC's back): transit looks an hour long
+        assert g.check(frame(3, sent=10_020 * MS, rx=10_020 * MS + 3_600_000 * MS)) == TRANSIT
+        assert g.check(frame(4, sent=10_030 * MS)) == PASS  # back to normal, gap counted
+        assert g.lost == 2
 
     def test_publisher_restart_is_accepted_but_replay_is_not(self):
         g = TimestampGate(5 * MS, 1 * MS)
         assert g.check(frame(500, sent=10_000 * MS)) == PASS
-        assert g.check(frame(499, sent=9_990 * MS)) == REPLAY  # older stamp: a replayed frame
+        assert g.check(frame(499, sent=9_990 * MS)) == REORDERED  # older stamp, within the window
+        assert g.check(frame(400, sent=9_000 * MS + 9_000 * MS // 10)) == REPLAY  # older stamp, beyond it
         assert g.check(frame(1, sent=10_010 * MS)) == PASS  # newer stamp, counter reset: a restart
         assert g.restarted and g.restarts == 1
         assert g.check(frame(2, sent=10_020 * MS)) == PASS and not g.restarted
