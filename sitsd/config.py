@@ -271,6 +271,8 @@ class Actuator(_Section):
     max: float
     max_rate: float | None = Field(default=None, gt=0, description="largest change per second")
     failsafe: float
+    on_violation: Literal["clamp", "failsafe"] = Field(
+        default="clamp", description="a model output beyond the limits is clamped, or replaced by the fail-safe")
 
     @model_validator(mode="after")
     def _range(self):

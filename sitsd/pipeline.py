@@ -191,6 +191,11 @@ class ControlLoop:
         values = self.safety.apply(proposed, frame.sender_timestamp_ns)
         p4 = time.perf_counter_ns()
         stages[row, _T["safety"]] = (p4 - p3) * 1e-3
+        if self.safety.violation:
+            self.alerts.append((t_loop, "safety", self.safety.violation, frame.publisher_id, frame.sequence_number))
+            if self.safety.wants_failsafe:
+                self._send(frame, row, self.safety.failsafe, True, deadline, "safety")
+                return
         if time.time_ns() + self.sign_budget_ns > deadline:
             c.deadline_missed += 1
             self.alerts.append((t_loop, "deadline", "model result would arrive after the deadline",

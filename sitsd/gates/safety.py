@@ -2,7 +2,9 @@
 
 A model output is clamped into [min, max], then moved at most max_rate * dt from the last
 command sent (dt from the frames' sender timestamps). A non-finite output becomes the
-fail-safe value. Every command that leaves must have passed through here or be the fail-safe.
+fail-safe value. An actuator with on_violation: failsafe turns any needed clamp into the
+fail-safe command instead (`violation` says which and why, for the loop's alert). Every
+command that leaves must have passed through here or be the fail-safe.
 """
 from __future__ import annotations
 
@@ -19,6 +21,10 @@ class SafetyEnvelope:
         self.hi = np.array([a.max for a in ordered])
         self.max_rate = np.array([a.max_rate if a.max_rate else np.inf for a in ordered])
         self.failsafe = np.array([a.failsafe for a in ordered])
+        self.names = [a.output for a in ordered]
+        self._strict = np.array([a.on_violation == "failsafe" for a in ordered])
+        self.violation = ""  # set by apply: what was clamped; empty when the output was inside
+        self.wants_failsafe = False
         self.last = self.failsafe.copy()
         self._last_ns = 0
         self.out = np.zeros(len(ordered))
@@ -34,8 +40,17 @@ class SafetyEnvelope:
         if self._last_ns and timestamp_ns > self._last_ns:
             step = self.max_rate * ((timestamp_ns - self._last_ns) * 1e-9)
             np.clip(out, self.last - step, self.last + step, out=out)
-        if bad.any() or not np.array_equal(out, proposed):
+        changed = bad | (out != proposed)
+        if changed.any():
             self.clamped += 1
+            i = int(np.argmax(changed))
+            self.violation = (f"{self.names[i]}: model output {float(proposed[i]):g} "
+                              f"{'is not finite' if bad[i] else f'clamped to {out[i]:g}'} "
+                              f"(limits [{self.lo[i]:g}, {self.hi[i]:g}], rate {self.max_rate[i]:g}/s)")
+            self.wants_failsafe = bool((changed & self._strict).any())
+        else:
+            self.violation = ""
+            self.wants_failsafe = False
         return out
 
     def commit(self, values: np.ndarray, timestamp_ns: int) -> None:

@@ -232,3 +232,22 @@ class TestConstraintLanguage:
         got = g.check(frame, t1)
         want = evaluate_directly(TYPED, RULES, values, prev if prev_ok else None, dt if prev_ok else None)
         assert (None if got < 0 else g.names[got]) == want
+
+
+class TestSafetyPolicies:
+    def test_clamp_is_reported(self):
+        s = SafetyEnvelope([Actuator(output="gap", min=-0.2, max=0.2, failsafe=0.0)], ["gap"])
+        s.apply(np.array([0.5]), 1)
+        assert "gap: model output 0.5 clamped to 0.2" in s.violation and not s.wants_failsafe
+        s.apply(np.array([0.1]), 2)
+        assert s.violation == ""
+
+    def test_failsafe_policy_asks_for_the_failsafe(self):
+        s = SafetyEnvelope([Actuator(output="gap", min=-0.2, max=0.2, failsafe=0.0, on_violation="failsafe"),
+                            Actuator(output="speed", min=0.0, max=5.0, failsafe=0.0)], ["gap", "speed"])
+        s.apply(np.array([0.1, 9.0]), 1)
+        assert not s.wants_failsafe and "speed" in s.violation  # speed only clamps
+        s.apply(np.array([0.3, 1.0]), 2)
+        assert s.wants_failsafe and "gap" in s.violation
+        s.apply(np.array([np.nan, 1.0]), 3)
+        assert s.wants_failsafe and "not finite" in s.violation

@@ -146,3 +146,15 @@ def test_invalid_strip_speed_is_held_at_its_last_value():
     assert not env.command.failsafe  # the model still ran, on the held value
     assert loop.alerts[-1][1] == "hold_last" and "strip_speed" in loop.alerts[-1][2]
     assert loop.constraints.substituted == 1
+
+
+def test_strict_actuator_turns_a_clamp_into_the_failsafe():
+    loop, sent, verifier = build()
+    loop.safety._strict[:] = True  # as with on_violation: failsafe
+    loop.safety.lo[:] = 0.5  # no model output can be inside [0.5, 0.6]
+    loop.safety.hi[:] = 0.6
+    loop.safety.failsafe[:] = 0.55
+    loop.step(frame(1))
+    env = verifier.verify(sent[-1].envelope)
+    assert env.command.failsafe and env.command.values == (0.55,)
+    assert loop.alerts[-1][1] == "safety" and "clamped to" in loop.alerts[-1][2]
