@@ -15,6 +15,7 @@ EPILOG = """examples:
   sitsctl demo --seconds 10 --json     ... and a JSON summary as the last line of stdout
   sitsctl status --config rolling-mill.yaml
   sitsctl check-config --config rolling-mill.yaml
+  sitsctl check --config rolling-mill.yaml --json   prove constraints and model bounds
   sitsctl pki init --config rolling-mill.yaml   create this device's OPC UA certificate
   sitsctl plcsim --trust-key /var/lib/sitsd/audit/signer.pub.pem
 """
@@ -78,6 +79,28 @@ def _cmd_check_config(args) -> int:
     print(f"{args.config}: OK ({len(cfg.signals)} signals, {len(cfg.constraints)} constraints, "
           f"model {cfg.model.artifact}, PLC {cfg.plc.endpoint}, attestation {cfg.attestation.mode})")
     return 0
+
+
+def _cmd_check(args) -> int:
+    from .check import run_check
+    from .config import load_config
+
+    cfg = load_config(args.config, parse_overrides(args.set))
+    result = run_check(cfg, max_splits=args.max_splits)
+    print(result.pop("report"))
+    if args.certificate and result["bounds_proven"]:
+        from ep.bounds import certify
+
+        lower = [result["bounding_box"][n][0] for n in cfg.model.inputs]
+        upper = [result["bounding_box"][n][1] for n in cfg.model.inputs]
+        limits = [result["actuator_limits"][o] for o in cfg.model.outputs]
+        cert = certify(cfg.model.artifact, lower, upper, [lo for lo, _ in limits], [hi for _, hi in limits],
+                       max_splits=args.max_splits)
+        args.certificate.write_text(cert.to_json())
+        print(f"certificate written to {args.certificate}")
+    if args.json:
+        print(json.dumps(result))
+    return 0 if result["satisfiable"] and result["bounds_proven"] else 1
 
 
 def _cmd_pki(args) -> int:
@@ -157,6 +180,18 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--config", type=Path, required=True)
     check.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
     check.set_defaults(func=_cmd_check_config)
+
+    check = sub.add_parser("check", help="prove the constraints satisfiable and the model inside the actuator limits",
+                           description="Deploy-time checks: the constraint set with z3 (satisfiable, contradictory "
+                           "and redundant constraints by name, bounding box of the admissible inputs), then sound "
+                           "output bounds of the model over that box (IBP, CROWN, input splitting) against the "
+                           "safety envelope's actuator limits. Exit code 0 only if both hold.")
+    check.add_argument("--config", type=Path, required=True)
+    check.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
+    check.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    check.add_argument("--max-splits", type=int, default=256, help="input splits allowed to tighten bounds")
+    check.add_argument("--certificate", type=Path, default=None, help="write the bounds certificate here when proven")
+    check.set_defaults(func=_cmd_check)
 
     pki = sub.add_parser("pki", help="OPC UA certificates: create this device's, trust the PLC's, list both",
                          description="Manages plc.pki_dir: own/cert.der and own/private/key.pem (this device), "

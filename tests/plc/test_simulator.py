@@ -1,7 +1,6 @@
 """The PLC simulator in process: an asyncua client writes commands, the injected verifier decides."""
 import asyncio
 import threading
-import time
 
 import pytest
 from asyncua import Client, ua

@@ -1,6 +1,5 @@
 """Structure of the meta-sits layer: what bitbake would trip over first, checked without bitbake."""
 import re
-from pathlib import Path
 
 import pytest
 

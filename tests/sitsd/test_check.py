@@ -1,0 +1,59 @@
+"""`sitsctl check` on the demo config: constraints proven satisfiable, model bounds proven inside the limits."""
+import json
+import subprocess
+import sys
+
+import yaml
+
+from ep.bounds import Certificate, verify_certificate
+
+from ..conftest import DEMO_MODEL, EXAMPLE_CONFIG, REPO
+
+
+def _check(*args, config=EXAMPLE_CONFIG):
+    r = subprocess.run([sys.executable, "-m", "sitsd.cli", "check", "--config", str(config), "--json", *args],
+                       capture_output=True, text=True, timeout=300, cwd=REPO)
+    return r.returncode, json.loads(r.stdout.splitlines()[-1]), r.stdout
+
+
+def test_demo_config_is_proven():
+    rc, result, text = _check()
+    assert rc == 0, text
+    assert result["satisfiable"] and result["bounds_proven"]
+    assert result["contradictions"] == [] and result["redundant"] == []
+    lo, hi = result["output_bounds"]["roll_gap_correction"]
+    assert -0.15 <= lo < hi <= 0.15
+    assert result["actuator_limits"]["roll_gap_correction"] == [-0.15, 0.15]
+    assert result["crown_width"] < result["ibp_width"]
+    assert "proven bounds" in text and "inside the actuator limits" in text
+
+
+def test_contradictory_constraints_exit_non_zero_and_are_named(tmp_path):
+    data = yaml.safe_load(EXAMPLE_CONFIG.read_text())
+    data["model"]["artifact"] = str(DEMO_MODEL)
+    data["constraints"] += [
+        {"name": "thin_exit", "coefficients": {"exit_thickness": 1.0}, "max": 2.8},
+        {"name": "thick_exit", "coefficients": {"exit_thickness": 1.0}, "min": 3.0},
+    ]
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    rc, result, text = _check(config=path)
+    assert rc == 1 and not result["satisfiable"] and not result["bounds_proven"]
+    assert ["thick_exit", "thin_exit"] in [sorted(core) for core in result["contradictions"]]
+    assert "thin_exit" in text and "thick_exit" in text
+
+
+def test_limits_the_model_can_break_are_not_proven(tmp_path):
+    rc, result, text = _check("--set", "safety.actuators=[{output: roll_gap_correction, min: -0.05, max: 0.05, "
+                                       "failsafe: 0.0}]", "--max-splits", "16")
+    assert rc == 1 and result["satisfiable"] and not result["bounds_proven"]
+    assert "counterexample" in result or "worst sub-region" in text
+    assert "fix:" in text
+
+
+def test_certificate_is_written_and_verifies(tmp_path):
+    cert_path = tmp_path / "cert.json"
+    rc, _, _ = _check("--certificate", str(cert_path))
+    assert rc == 0
+    cert = Certificate.from_json(cert_path.read_text())
+    verify_certificate(DEMO_MODEL, cert)  # raises if the model or the bounds changed
