@@ -5,6 +5,7 @@ LICENSE = "MIT"
 inherit packagegroup
 
 RDEPENDS:${PN} = "\
+    linuxptp \
     sits2026 \
     tpm2-tools \
     tpm2-tss \
