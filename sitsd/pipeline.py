@@ -23,7 +23,7 @@ from plc.frame import Frame
 
 from .gates.constraints import ConstraintGate
 from .gates.safety import SafetyEnvelope
-from .gates.timestamp import CLOCK, REASONS, TimestampGate
+from .gates.timestamp import CLOCK, FUTURE, REASONS, STALE, TRANSIT, TimestampGate
 from .stats import STAGE_INDEX, TimingRing
 
 _T = {name: STAGE_INDEX[name] for name in STAGE_INDEX}
@@ -149,7 +149,8 @@ class ControlLoop:
         stages[row, _T["timestamp_gate"]] = (p1 - p0) * 1e-3
         if reason:
             c.dropped_timestamp += 1
-            self.alerts.append((t_loop, "timestamp", REASONS[reason], frame.publisher_id, frame.sequence_number))
+            self.alerts.append((t_loop, "timestamp", self._explain_drop(reason, frame, t_loop), frame.publisher_id,
+                                frame.sequence_number))
             if reason == CLOCK and self.clock_policy == "failsafe":
                 self._send(frame, row, self.safety.failsafe, True, deadline, "clock")
                 return
@@ -203,6 +204,16 @@ class ControlLoop:
             self._send(frame, row, self.safety.failsafe, True, deadline, "deadline")
             return
         self._send(frame, row, values, False, deadline, "")
+
+    def _explain_drop(self, reason: int, frame: Frame, now_ns: int) -> str:
+        """The alert text for a timestamp drop: the reason and the numbers behind it (off the happy path)."""
+        g = self.ts_gate
+        detail = {
+            TRANSIT: f"{g.last_transit_ns / 1e6:.3f} ms in transit, limit {g.max_transit_ns / 1e6:g} ms",
+            FUTURE: f"sender stamp {-g.last_transit_ns / 1e6:.3f} ms ahead of ours, tolerance {g.max_future_ns / 1e6:g} ms",
+            STALE: f"{(now_ns - frame.sender_timestamp_ns) / 1e6:.3f} ms old at pickup",
+        }.get(reason, f"sequence {frame.sequence_number} from writer {frame.writer_id}")
+        return f"{REASONS[reason]}: {detail}"
 
     def _send(self, frame: Frame, row: int, values: np.ndarray, failsafe: bool, deadline: int, why: str) -> None:
         c = self.counters
