@@ -15,6 +15,8 @@ test: setup
 
 bench: setup
 	.venv/bin/python bench/loop_latency.py --frames 2000
+	.venv/bin/python bench/uadp_codec.py
+	.venv/bin/python bench/gates.py
 
 # Reproduces examples/models/rolling_mill.onnx (needs torch 2.13.0, installed by this target).
 train-model:
