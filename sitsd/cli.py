@@ -14,6 +14,7 @@ EPILOG = """examples:
   sitsctl demo --seconds 10            closed loop against the built-in PLC simulator
   sitsctl demo --seconds 10 --json     ... and a JSON summary as the last line of stdout
   sitsctl status --config rolling-mill.yaml
+  sitsctl top --config rolling-mill.yaml        live view (Ctrl-C to leave)
   sitsctl check-config --config rolling-mill.yaml
   sitsctl check --config rolling-mill.yaml --json   prove constraints and model bounds
   sitsctl pki init --config rolling-mill.yaml   create this device's OPC UA certificate
@@ -70,6 +71,12 @@ def _cmd_status(args) -> int:
     if answer["alerts"]:
         print("  alerts  " + ", ".join(f"{k} {v}" for k, v in answer["alerts"].items()))
     return 0
+
+
+def _cmd_top(args) -> int:
+    from .top import run_top
+
+    return run_top(_socket_path(args), args.interval, args.iterations)
 
 
 def _cmd_check_config(args) -> int:
@@ -175,6 +182,15 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
     status.add_argument("--json", action="store_true", help="print the raw status JSON")
     status.set_defaults(func=_cmd_status)
+
+    top = sub.add_parser("top", help="live view of a running sitsd: rates, drops, latency, stages, alerts")
+    top.add_argument("--config", type=Path, default=Path("/etc/sitsd/sitsd.yaml"),
+                     help="the daemon's config, to find its control socket")
+    top.add_argument("--socket", default=None, help="control socket path (instead of --config)")
+    top.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
+    top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    top.add_argument("--iterations", type=int, default=None, help="stop after this many refreshes")
+    top.set_defaults(func=_cmd_top)
 
     check = sub.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("--config", type=Path, required=True)

@@ -314,6 +314,14 @@ class RuntimeSection(_Section):
     realtime_priority: int | None = Field(default=None, ge=1, le=99, description="SCHED_FIFO priority of the loop")
 
 
+class MetricsSection(_Section):
+    """Prometheus text exposition at http://host:port/metrics (served off the loop thread)."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = Field(default=9464, ge=0, le=65535, description="0 picks a free port (tests)")
+
+
 class LoggingSection(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
 
@@ -333,6 +341,7 @@ class Config(_Section):
     audit: AuditSection
     control: ControlSection
     runtime: RuntimeSection = RuntimeSection()
+    metrics: MetricsSection = MetricsSection()
     logging: LoggingSection = LoggingSection()
 
     @property

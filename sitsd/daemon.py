@@ -77,6 +77,8 @@ class Daemon:
         self.plc_event_counts: Counter[str] = Counter()
         self.state = "starting"
         self.ptp_status = None
+        self.metrics = None
+        self.timestamp_drop_counts: Counter[str] = Counter()
         self.ready = threading.Event()
         self.startup_error: BaseException | None = None
         self.exit_code = 0
@@ -374,6 +376,8 @@ class Daemon:
             while self.alerts:
                 t_ns, kind, reason, publisher, seq = self.alerts.popleft()
                 self.alert_counts[kind] += 1
+                if kind == "timestamp":
+                    self.timestamp_drop_counts[reason.split(":", 1)[0]] += 1
                 self.last_alerts.append({"t_ns": t_ns, "kind": kind, "reason": reason, "frame_seq": seq})
                 if self.alert_counts[kind] <= 20 or self.alert_counts[kind] % 1000 == 0:  # rate-limit the log
                     self.log.warning("alert", kind=kind, reason=reason, publisher=publisher, frame_seq=seq,
@@ -446,6 +450,8 @@ class Daemon:
             "recent_plc_events": [{"code": e.code, "severity": e.severity, "component": e.component, "text": e.text,
                                    "t_ns": e.timestamp_ns} for e in list(self.plc_events)[-5:]],
             "audit_file": str(self.audit.path) if self.audit else None,
+            "metrics_url": (f"http://{self.cfg.metrics.host}:{self.metrics.port}/metrics"
+                            if self.metrics is not None else None),
         }
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -463,6 +469,12 @@ class Daemon:
                 await self._startup_command()
                 server = await control.serve(Path(self.cfg.control.socket),
                                              {"status": self.status, "stop": self._stop_request})
+                if self.cfg.metrics.enabled:
+                    from .metrics import MetricsExporter
+
+                    self.metrics = MetricsExporter(self)
+                    port = self.metrics.start(self.cfg.metrics.host, self.cfg.metrics.port)
+                    self.log.info("metrics", url=f"http://{self.cfg.metrics.host}:{port}/metrics")
             except (StartupError, OSError) as exc:
                 self.startup_error = exc
                 self.state = "failed"
@@ -495,6 +507,8 @@ class Daemon:
             await asyncio.gather(*tasks, return_exceptions=True)
             if server is not None:
                 server.close()
+            if self.metrics is not None:
+                self.metrics.stop()
             if self._client is not None:
                 try:
                     await self._client.disconnect()

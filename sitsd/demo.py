@@ -168,6 +168,7 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
             **attestation, **transport_cfg,
             "plc.endpoint": sim.endpoint, "plc.command_node": f"nsu={SIM_NAMESPACE};s=RollingMill.RollGapCommand",
             "plc.security": security, "plc.pki_dir": str(workdir / "pki-sitsd"), "plc.profile": profile,
+            "metrics.port": 0,
             "plc.status_node": f"nsu={SIM_NAMESPACE};s=RollingMill.Status",
             "plc.diagnostic_node": f"nsu={SIM_NAMESPACE};s=RollingMill.Diagnostic",
             "audit.directory": str(workdir / "audit"), "control.socket": str(workdir / "control.sock"),

@@ -68,6 +68,7 @@ def sitsd_args(config: Path, **sets) -> list[str]:
     import sys
 
     args = [sys.executable, "-m", "sitsd", "--config", str(config)]
+    sets.setdefault("metrics__port", 0)  # never the fixed default port: tests may overlap with a running demo
     for key, value in sets.items():
         args += ["--set", f"{key.replace('__', '.')}={value}"]
     return args

@@ -1,0 +1,274 @@
+"""The Prometheus exporter and `sitsctl top` against a real daemon, simulator and control socket."""
+from __future__ import annotations
+
+import asyncio
+import io
+import random
+import re
+import shutil
+import tempfile
+import threading
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from attestation.signers import SoftwareSigner
+from ep.session import sha256_file
+from sitsd.config import load_config
+from sitsd.daemon import Daemon
+from sitsd.gates.timestamp import REASONS
+from sitsd.demo import DEFAULT_CONFIG, SIM_NAMESPACE, Simulator, _free_udp_port
+from sitsd.metrics import LATENCY_BUCKETS_S, STAGE_BUCKETS_S, MetricsExporter, RingHistograms
+from sitsd.stats import STAGE_INDEX, STAGES, TimingRing
+from sitsd.top import run_top
+
+
+@pytest.fixture(scope="module")
+def running():
+    """sitsd serving the PLC simulator at 100 Hz (UDP frames, OPC UA writes without security), as in run_demo."""
+    workdir = Path(tempfile.mkdtemp(prefix="sits-metrics-"))
+    signer = SoftwareSigner()
+    sim = daemon = thread = None
+    try:
+        base = load_config(DEFAULT_CONFIG)
+        udp_url = f"opc.udp://239.255.{random.randint(1, 254)}.{random.randint(1, 254)}:{_free_udp_port()}"
+        key_path = workdir / "signer.pub.pem"
+        key_path.write_bytes(signer.public_key_pem())
+        sim = Simulator(udp_url, key_path, sha256_file(base.model.artifact).hex(), 1, 100.0, workdir, security="none")
+        cfg = load_config(DEFAULT_CONFIG, {
+            "attestation.mode": "software", "transport.url": udp_url, "transport.interface": "127.0.0.1",
+            "plc.endpoint": sim.endpoint, "plc.command_node": f"nsu={SIM_NAMESPACE};s=RollingMill.RollGapCommand",
+            "plc.security": "none", "plc.pki_dir": str(workdir / "pki-sitsd"),
+            "plc.status_node": f"nsu={SIM_NAMESPACE};s=RollingMill.Status",
+            "plc.diagnostic_node": f"nsu={SIM_NAMESPACE};s=RollingMill.Diagnostic",
+            "audit.directory": str(workdir / "audit"), "control.socket": str(workdir / "control.sock")})
+        daemon = Daemon(cfg, signer=signer)
+        thread = threading.Thread(target=lambda: asyncio.run(daemon.serve()), name="sitsd-io", daemon=True)
+        thread.start()
+        assert daemon.ready.wait(60), "sitsd did not become ready"
+        assert daemon.startup_error is None, f"sitsd did not start: {daemon.startup_error}"
+        exporter = MetricsExporter(daemon)
+        port = exporter.start("127.0.0.1", 0)
+        try:
+            yield daemon, exporter, port, cfg
+        finally:
+            exporter.stop()
+    finally:
+        if daemon is not None:
+            daemon.request_stop()
+        if thread is not None:
+            thread.join(10)
+        if sim is not None:
+            sim.close()
+        signer.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def scrape(port: int) -> dict:
+    """{family name: family} from one GET /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        assert r.status == 200
+        text = r.read().decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def value(families: dict, name: str, suffix: str = "_total", **labels) -> float:
+    for s in families[name].samples:
+        if s.name == name + suffix and all(s.labels.get(k) == v for k, v in labels.items()):
+            return s.value
+    raise KeyError(f"{name}{suffix} {labels}")
+
+
+def buckets(families: dict, name: str, **labels) -> tuple[list[float], list[float], float]:
+    """(upper bounds, cumulative counts, count) of one histogram series."""
+    les, counts, total = [], [], None
+    for s in families[name].samples:
+        if not all(s.labels.get(k) == v for k, v in labels.items()):
+            continue
+        if s.name == name + "_bucket":
+            les.append(float(s.labels["le"]))
+            counts.append(s.value)
+        elif s.name == name + "_count":
+            total = s.value
+    return les, counts, total
+
+
+def quantile(q: float, les: list[float], counts: list[float]) -> tuple[float, int]:
+    """histogram_quantile as Prometheus computes it; also the index of the bucket it falls in."""
+    rank = q * counts[-1]
+    i = next(i for i, c in enumerate(counts) if c >= rank)
+    if les[i] == float("inf"):
+        return les[i - 1], i
+    lower, below = (les[i - 1], counts[i - 1]) if i else (0.0, 0.0)
+    return lower + (les[i] - lower) * (rank - below) / (counts[i] - below), i
+
+
+def test_scrape_matches_the_daemon_and_is_cumulative(running):
+    daemon, exporter, port, _ = running
+    time.sleep(3.0)
+    c = daemon.counters
+    frames0, commands0 = c.frames, c.commands
+    fam = scrape(port)
+    frames1, commands1 = c.frames, c.commands
+
+    assert 0 < frames0 <= value(fam, "sitsd_frames") <= frames1
+    assert 0 < commands0 <= value(fam, "sitsd_commands") <= commands1
+    assert value(fam, "sitsd_dropped_frames", gate="timestamp") == c.dropped_timestamp
+    assert value(fam, "sitsd_failsafe_commands") >= 1  # the startup fail-safe
+    assert value(fam, "sitsd_state", "", state="running") == 1.0
+    assert value(fam, "sitsd_state", "", state="reconnecting") == 0.0
+    assert value(fam, "sitsd_signer_info", "", kind="software", key_id=daemon.signer.key_id.hex()) == 1.0
+    assert value(fam, "sitsd_model_info", "", sha256=daemon.model.sha256.hex()) == 1.0
+    assert value(fam, "sitsd_uptime_seconds", "") >= 3.0
+    assert value(fam, "sitsd_proof_backlog", "") == 0.0
+    assert value(fam, "sitsd_model_swaps") == 0.0
+    assert value(fam, "sitsd_timing_rows_lost") == 0.0
+
+    # the latency histogram counts exactly the acknowledged commands among the rows it folded in
+    folded = int(value(fam, "sitsd_timing_rows"))
+    assert frames0 - 3 <= folded <= frames1  # at most the in-flight tail is held back
+    les, counts, count = buckets(fam, "sitsd_latency_seconds")
+    assert les == [*LATENCY_BUCKETS_S, float("inf")]
+    assert count == counts[-1] == np.isfinite(daemon.timings.latency_us[:folded]).sum()
+    # ... which are all acknowledged commands but the startup fail-safe (it has no frame) and those in flight
+    assert commands0 - 1 - 3 <= count <= commands1 - 1
+    assert count > 100
+
+    # quantiles estimated from the buckets: in the bucket that holds the same rank among the folded samples
+    bounds = [0.0, *LATENCY_BUCKETS_S, float("inf")]
+    folded_s = daemon.timings.latency_us[:folded]
+    folded_s = folded_s[np.isfinite(folded_s)] * 1e-6
+    for q in (0.5, 0.9, 0.99):
+        estimate, i = quantile(q, les, counts)
+        exact = float(np.quantile(folded_s, q, method="inverted_cdf"))
+        assert bounds[i] <= exact <= bounds[i + 1] and bounds[i] <= estimate <= bounds[i + 1], (q, estimate, exact)
+    # ... and the p50 agrees with the ring's own summary within the bucket resolution
+    estimate, i = quantile(0.5, les, counts)
+    p50_s = daemon.timings.latency_summary()["p50"] * 1e-6
+    assert bounds[max(i - 1, 0)] <= p50_s <= bounds[i + 2], (estimate, p50_s)
+
+    for stage in STAGES:
+        s_les, s_counts, s_count = buckets(fam, "sitsd_stage_duration_seconds", stage=stage)
+        assert s_les == [*STAGE_BUCKETS_S, float("inf")], stage
+        ring_n = np.isfinite(daemon.timings.stages[:folded, STAGE_INDEX[stage]]).sum()
+        assert s_count == ring_n, stage
+    assert buckets(fam, "sitsd_stage_duration_seconds", stage="model")[2] > 100
+
+    # a second scrape is cumulative: nothing decreases, and new frames were counted
+    time.sleep(0.5)
+    fam2 = scrape(port)
+    assert value(fam2, "sitsd_frames") > value(fam, "sitsd_frames")
+    for name, fam_1 in fam.items():
+        if fam_1.type not in ("counter", "histogram"):
+            continue
+        before = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in fam_1.samples
+                  if not s.name.endswith("_created")}
+        after = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in fam2[name].samples}
+        for key, v in before.items():
+            assert after[key] >= v, key
+    assert buckets(fam2, "sitsd_latency_seconds")[2] > count
+
+
+def test_top_shows_the_numbers_of_the_running_daemon(running):
+    daemon, _, _, cfg = running
+    out = io.StringIO()
+    assert run_top(cfg.control.socket, interval_s=0.3, iterations=2, out=out) == 0
+    text = out.getvalue()
+    assert "\x1b[" not in text  # not a terminal: plain blocks, no escape codes
+    blocks = [b for b in text.split("\n\n") if b.startswith("sitsd ")]
+    assert len(blocks) == 2
+    frames = [int(n) for n in re.findall(r"^  frames +(\d+)", text, re.M)]
+    assert len(frames) == 2 and 0 < frames[0] <= frames[1] <= daemon.counters.frames
+    rate = re.findall(r"^  frames +\d+ +([\d.]+)/s", text, re.M)
+    assert len(rate) == 1 and 30 < float(rate[0]) < 300  # the simulator publishes at 100 Hz
+    p50 = re.findall(r"latency +p50 ([\d.]+) ms +p99 ([\d.]+) ms +max ([\d.]+) ms", text)
+    assert len(p50) == 2 and 0 < float(p50[-1][0]) <= float(p50[-1][1]) <= float(p50[-1][2])
+    for stage in STAGES:
+        assert re.search(rf"^  {stage} +-?[\d.]+ +-?[\d.]+ +-?[\d.]+$", text, re.M), stage
+
+
+def test_top_says_clearly_when_there_is_no_socket(tmp_path):
+    out, err = io.StringIO(), io.StringIO()
+    assert run_top(tmp_path / "none.sock", iterations=1, out=out, err=err) == 2
+    assert "no control socket" in err.getvalue() and "is sitsd running" in err.getvalue()
+    assert out.getvalue() == ""
+
+
+def _write(ring: TimingRing, latency_us: float, stage_us: float = 10.0, signed: bool = True) -> int:
+    row = ring.next_row()
+    ring.stages[row, :] = stage_us
+    if not signed:  # a dropped frame: no command, so nothing from the write path
+        for stage in ("sign", "handoff", "write"):
+            ring.stages[row, STAGE_INDEX[stage]] = np.nan
+    ring.latency_us[row] = latency_us
+    return row
+
+
+def test_ring_wrap_between_scrapes_counts_only_what_survived():
+    ring, h = TimingRing(capacity=8), RingHistograms()
+    for _ in range(5):
+        _write(ring, 150.0)  # 150 us: the 200 us bucket
+    h.update(ring)
+    assert h.latency.count == 5 and h.folded == 5 and h.lost == 0
+    for _ in range(12):
+        _write(ring, 3000.0)  # 3 ms
+    for _ in range(8):
+        _write(ring, 40_000.0)  # 40 ms: only these 8 survive in the ring
+    h.update(ring)
+    assert h.lost == 12  # 20 rows since the last scrape, the last 8 survive
+    assert h.folded == 25 and h.latency.count == 5 + 8
+    b = dict(h.latency.buckets())
+    assert b["0.0002"] == 5 and b["0.03"] == 5 and b["0.05"] == 13 and b["+Inf"] == 13
+    assert h.latency.sum_s == pytest.approx(5 * 150e-6 + 8 * 40e-3)
+    assert h.stages["model"].count == 13 and dict(h.stages["model"].buckets())["1e-05"] == 13
+    h.update(ring)  # nothing new: nothing changes
+    assert h.latency.count == 13 and h.lost == 12
+
+
+def test_ring_wrap_shows_in_the_exposition():
+    cfg = load_config(DEFAULT_CONFIG, {"attestation.mode": "software"})
+    daemon = Daemon(cfg)  # never served: no loop, model or signer yet
+    daemon.timings = TimingRing(capacity=8)
+    exporter = MetricsExporter(daemon)
+    for _ in range(3):
+        _write(daemon.timings, 500.0)
+    fam = {f.name: f for f in text_string_to_metric_families(exporter.render().decode())}
+    assert buckets(fam, "sitsd_latency_seconds")[2] == 3
+    assert value(fam, "sitsd_state", "", state="starting") == 1.0
+    assert "sitsd_signer_info" not in fam and "sitsd_model_info" not in fam
+    for _ in range(30):
+        _write(daemon.timings, 500.0)
+    fam = {f.name: f for f in text_string_to_metric_families(exporter.render().decode())}
+    assert buckets(fam, "sitsd_latency_seconds")[2] == 3 + 8
+    assert value(fam, "sitsd_timing_rows_lost") == 22
+    assert value(fam, "sitsd_timing_rows") == 11
+    assert value(fam, "sitsd_timestamp_drops", reason="transit") == 0  # every reason is exported, zeros too
+    daemon.timestamp_drop_counts = Counter({"transit": 2, "replay": 1})
+    fam = {f.name: f for f in text_string_to_metric_families(exporter.render().decode())}
+    assert value(fam, "sitsd_timestamp_drops", reason="transit") == 2
+    assert {s.labels["reason"] for s in fam["sitsd_timestamp_drops"].samples} == set(REASONS.values())
+
+
+def test_rows_with_a_command_in_flight_wait_for_the_writer():
+    ring, h = TimingRing(capacity=64), RingHistograms()
+    _write(ring, 100.0)
+    pending = _write(ring, np.nan)  # signed, not yet acknowledged
+    ring.stages[pending, STAGE_INDEX["handoff"]] = np.nan
+    ring.stages[pending, STAGE_INDEX["write"]] = np.nan
+    _write(ring, np.nan, signed=False)  # a dropped frame behind it
+    _write(ring, np.nan, signed=False)  # the newest row: the loop may still be on it
+    h.update(ring)
+    assert h.folded == 1 and h.latency.count == 1
+    ring.stages[pending, STAGE_INDEX["handoff"]] = 5.0  # the writer takes it and is acknowledged
+    ring.stages[pending, STAGE_INDEX["write"]] = 300.0
+    ring.latency_us[pending] = 900.0
+    h.update(ring)
+    assert h.folded == 3 and h.latency.count == 2 and h.stages["write"].count == 2
+    _write(ring, 700.0)  # the next command is acknowledged: everything before it is final
+    h.update(ring)
+    assert h.folded == 5 and h.latency.count == 3
