@@ -1,4 +1,4 @@
-"""Attestation: command envelopes and their verification, software and TPM signers."""
+"""Attestation: command envelopes (COSE_Sign1) and their verification, software and TPM signers."""
 from .envelope import Command, Envelope, EnvelopeVerifier, decode
 from .errors import AttestationError, EnvelopeError, TpmError
 from .signers import Signer, SoftwareSigner

@@ -1,34 +1,45 @@
-"""Command envelopes: a signed, self-describing record of one PLC command.
+"""Command envelopes: one PLC command, signed as a COSE_Sign1 (RFC 9052, tag 18), and its verifier.
 
-Binary layout, little endian (version 1):
-    magic "SITS" | version u8 | flags u8 (bit 0: fail-safe) | sequence u64 | frame sequence u64
-    | issued ns i64 | deadline ns i64 | model SHA-256 32 B | target length u8 | target UTF-8
-    | value count u16 | values f64[] | algorithm u8 | key id 8 B | signature length u16 | signature
-The signature covers every byte before the signature length. Key id: first 8 bytes of the
-SHA-256 of the signer's SubjectPublicKeyInfo DER.
+    COSE_Sign1 = 18([protected: bstr, unprotected: {}, payload: bstr, signature: bstr])
+    protected  = {1 (alg): -7 ES256 | -8 EdDSA, 3 (content type): "application/sits-command+cbor",
+                  4 (kid): 8-byte key id}
+    payload    = {1: target (tstr, at most 255 bytes UTF-8), 2: values ([* float64], finite, at most 1024),
+                  3: sequence (uint), 4: frame_sequence (uint), 5: issued_ns (int), 6: deadline_ns (int),
+                  7: model_sha256 (bstr 32), 8: failsafe (bool)}
+The signature covers the Sig_structure ["Signature1", protected, h'', payload]: ES256 is r||s
+(2 x 32 bytes big endian), EdDSA is Ed25519. Key id: the first 8 bytes of the SHA-256 of the
+signer's SubjectPublicKeyInfo DER. The unprotected bucket stays empty, and the payload is written one
+way only (ascending keys, shortest integer heads, 64-bit floats): anything else is refused.
 """
 from __future__ import annotations
 
 import hashlib
-import struct
+import math
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+import cbor2
+from cryptography.hazmat.primitives import serialization
 
+from . import cose
 from .errors import EnvelopeError
 
-MAGIC = b"SITS"
-VERSION = 1
-FLAG_FAILSAFE = 0x01
-ALG_ED25519 = 1
-ALG_ECDSA_P256_SHA256 = 2
-ALGORITHM_NAMES = {ALG_ED25519: "ed25519", ALG_ECDSA_P256_SHA256: "ecdsa-p256-sha256"}
+ALG_ED25519 = cose.ALG_EDDSA
+ALG_ECDSA_P256_SHA256 = cose.ALG_ES256
+ALGORITHM_NAMES = {ALG_ED25519: "EdDSA (Ed25519)", ALG_ECDSA_P256_SHA256: "ES256 (ECDSA P-256)"}
+CONTENT_TYPE = "application/sits-command+cbor"
+KEY_ID_SIZE = 8
+MAX_TARGET_BYTES = 255
+MAX_VALUES = 1024
+MAX_ENVELOPE_BYTES = 16384  # a real command is ~150 bytes; the cap bounds work on hostile input
 
-_HEAD = struct.Struct("<4sBBQQqq32sB")
-_COUNT = struct.Struct("<H")
-_TRAILER = struct.Struct("<B8sH")
+# payload map keys
+K_TARGET, K_VALUES, K_SEQUENCE, K_FRAME_SEQUENCE, K_ISSUED, K_DEADLINE, K_MODEL, K_FAILSAFE = range(1, 9)
+FIELD_NAMES = {K_TARGET: "target", K_VALUES: "values", K_SEQUENCE: "sequence", K_FRAME_SEQUENCE: "frame_sequence",
+               K_ISSUED: "issued_ns", K_DEADLINE: "deadline_ns", K_MODEL: "model_sha256", K_FAILSAFE: "failsafe"}
+_U64 = (0, 2**64 - 1)
+_I64 = (-2**63, 2**63 - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,98 +64,192 @@ class Envelope:
     signature: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class Unsigned:
+    """The parts of a COSE_Sign1 fixed before signing: what `assemble` needs besides the signature."""
+
+    protected: bytes
+    payload: bytes
+
+
 def key_id_of(public_key) -> bytes:
     der = public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    return hashlib.sha256(der).digest()[:8]
+    return hashlib.sha256(der).digest()[:KEY_ID_SIZE]
 
 
-def encode_unsigned(cmd: Command, algorithm: int, key_id: bytes) -> bytes:
-    """The bytes a signer signs."""
-    target = cmd.target.encode()
-    if len(target) > 255:
-        raise ValueError(f"command target {cmd.target!r} is longer than 255 bytes")
-    if len(cmd.model_sha256) != 32:
-        raise ValueError("model_sha256 must be 32 bytes")
-    n = len(cmd.values)
-    return b"".join((
-        _HEAD.pack(MAGIC, VERSION, FLAG_FAILSAFE if cmd.failsafe else 0, cmd.sequence, cmd.frame_sequence,
-                   cmd.issued_ns, cmd.deadline_ns, cmd.model_sha256, len(target)),
-        target, _COUNT.pack(n), struct.pack(f"<{n}d", *cmd.values),
-        bytes((algorithm,)), key_id,
-    ))
+# --- signing side ----------------------------------------------------------------------------
+
+def to_be_signed(cmd: Command, algorithm: int, key_id: bytes) -> tuple[bytes, Unsigned]:
+    """The Sig_structure bytes a signer signs, and the parts to `assemble` with its signature."""
+    protected = cose.encode_protected(
+        {cose.HDR_ALG: algorithm, cose.HDR_CONTENT_TYPE: CONTENT_TYPE, cose.HDR_KID: bytes(key_id)})
+    payload = encode_payload(cmd)
+    return cose.sig_structure(protected, payload), Unsigned(protected, payload)
 
 
-def attach_signature(unsigned: bytes, signature: bytes) -> bytes:
-    return unsigned + struct.pack("<H", len(signature)) + signature
+def assemble(parts: Unsigned, signature: bytes) -> bytes:
+    return cose.encode_sign1(parts.protected, parts.payload, signature)
 
+
+def encode_payload(cmd: Command) -> bytes:
+    """The command as its CBOR map; ValueError for a command the format cannot carry."""
+    values = [float(v) for v in cmd.values]
+    target = cmd.target
+    _require(isinstance(target, str), f"command target must be text, got {type(target).__name__}")
+    _require(len(target.encode()) <= MAX_TARGET_BYTES,
+             f"command target {target!r} is longer than {MAX_TARGET_BYTES} bytes")
+    _require(len(values) <= MAX_VALUES, f"a command carries at most {MAX_VALUES} values, got {len(values)}")
+    _require(all(math.isfinite(v) for v in values), "command values must be finite")
+    _require(len(cmd.model_sha256) == 32, "model_sha256 must be 32 bytes")
+    ints = {K_SEQUENCE: (int(cmd.sequence), _U64), K_FRAME_SEQUENCE: (int(cmd.frame_sequence), _U64),
+            K_ISSUED: (int(cmd.issued_ns), _I64), K_DEADLINE: (int(cmd.deadline_ns), _I64)}
+    for key, (value, (lo, hi)) in ints.items():
+        _require(lo <= value <= hi, f"command {FIELD_NAMES[key]} = {value} is outside [{lo}, {hi}]")
+    return cbor2.dumps({K_TARGET: target, K_VALUES: values, **{k: v for k, (v, _) in ints.items()},
+                        K_MODEL: bytes(cmd.model_sha256), K_FAILSAFE: bool(cmd.failsafe)})
+
+
+def _require(ok: bool, reason: str) -> None:
+    if not ok:
+        raise ValueError(reason)
+
+
+# --- verifying side --------------------------------------------------------------------------
 
 def decode(data: bytes) -> tuple[Envelope, bytes]:
-    """Parse an envelope; returns it with the signed bytes. Raises EnvelopeError('malformed')."""
-    try:
-        magic, version, flags, seq, frame_seq, issued, deadline, model, tlen = _HEAD.unpack_from(data, 0)
-        if magic != MAGIC:
-            raise EnvelopeError(f"not a command envelope (magic {magic!r}, expected {MAGIC!r})", "malformed")
-        if version != VERSION:
-            raise EnvelopeError(f"envelope version {version} is not supported (expected {VERSION})", "malformed")
-        off = _HEAD.size
-        target = bytes(data[off:off + tlen]).decode()
-        off += tlen
-        (n,) = _COUNT.unpack_from(data, off)
-        off += _COUNT.size
-        values = struct.unpack_from(f"<{n}d", data, off)
-        off += 8 * n
-        algorithm, key_id, sig_len = _TRAILER.unpack_from(data, off)
-        signed_end = off + 9
-        off += _TRAILER.size
-        signature = bytes(data[off:off + sig_len])
-        if len(signature) != sig_len or off + sig_len != len(data):
-            raise EnvelopeError(
-                f"envelope is {len(data)} bytes, its header announces {off + sig_len}", "malformed")
-    except (struct.error, UnicodeDecodeError) as exc:
-        raise EnvelopeError(f"truncated or corrupt envelope ({len(data)} bytes): {exc}", "malformed") from exc
-    cmd = Command(target, values, seq, frame_seq, issued, deadline, model, bool(flags & FLAG_FAILSAFE))
-    return Envelope(cmd, algorithm, key_id, signature), bytes(data[:signed_end])
+    """Parse an envelope; returns it with the bytes its signature covers (the Sig_structure).
+    Raises EnvelopeError('malformed') for anything that is not a well-formed command envelope."""
+    if isinstance(data, (bytes, bytearray, memoryview)) and len(data) > MAX_ENVELOPE_BYTES:
+        raise EnvelopeError(f"envelope is {len(data)} bytes, more than the {MAX_ENVELOPE_BYTES} allowed", "malformed")
+    msg = cose.decode_sign1(data)
+    algorithm, key_id = _envelope_headers(msg)
+    cmd = decode_payload(msg.payload)
+    return Envelope(cmd, algorithm, key_id, msg.signature), msg.to_be_signed()
+
+
+def _envelope_headers(msg: cose.Sign1) -> tuple[int, bytes]:
+    """alg, content type and kid must be protected, so the signature binds them to the command;
+    the unprotected bucket must be empty, so that no byte of an accepted envelope goes unsigned."""
+    headers = msg.protected_headers
+    algorithm = headers.get(cose.HDR_ALG)
+    if type(algorithm) is not int:
+        raise EnvelopeError("envelope needs an integer alg in its protected header", "malformed")
+    if headers.get(cose.HDR_CONTENT_TYPE) != CONTENT_TYPE:
+        raise EnvelopeError(f"envelope content type must be {CONTENT_TYPE!r} in its protected header", "malformed")
+    key_id = headers.get(cose.HDR_KID)
+    if not isinstance(key_id, bytes) or len(key_id) != KEY_ID_SIZE:
+        raise EnvelopeError(f"envelope needs a {KEY_ID_SIZE}-byte kid in its protected header", "malformed")
+    if msg.unprotected_headers:
+        raise EnvelopeError("envelope's unprotected header must be empty: nothing unsigned is accepted", "malformed")
+    expected = cose.SIGNATURE_SIZES.get(algorithm)
+    if expected is not None and len(msg.signature) != expected:
+        raise EnvelopeError(f"{ALGORITHM_NAMES[algorithm]} signature is {len(msg.signature)} bytes, "
+                            f"expected {expected}", "malformed")
+    return algorithm, key_id
+
+
+def decode_payload(payload: bytes) -> Command:
+    fields = cose.loads_strict(payload, "envelope payload", max_depth=2)
+    if not isinstance(fields, Mapping):
+        raise EnvelopeError("envelope payload must be a map", "malformed")
+    if set(fields) != set(range(K_TARGET, K_FAILSAFE + 1)) or not all(type(k) is int for k in fields):
+        raise EnvelopeError(f"envelope payload must have exactly the keys 1..{K_FAILSAFE}", "malformed")
+    cmd = Command(_text(fields[K_TARGET]), _floats(fields[K_VALUES]),
+                  _int(fields, K_SEQUENCE, _U64), _int(fields, K_FRAME_SEQUENCE, _U64),
+                  _int(fields, K_ISSUED, _I64), _int(fields, K_DEADLINE, _I64),
+                  _model(fields[K_MODEL]), _bool(fields[K_FAILSAFE]))
+    if encode_payload(cmd) != payload:
+        raise EnvelopeError("envelope payload is not in its one canonical encoding", "malformed")
+    return cmd
+
+
+def _malformed(field: int, wanted: str) -> EnvelopeError:
+    return EnvelopeError(f"envelope payload field {field} ({FIELD_NAMES[field]}) must be {wanted}", "malformed")
+
+
+def _text(value) -> str:
+    if type(value) is not str or len(value.encode()) > MAX_TARGET_BYTES:
+        raise _malformed(K_TARGET, f"text of at most {MAX_TARGET_BYTES} bytes")
+    return value
+
+
+def _floats(value) -> tuple[float, ...]:
+    if (not isinstance(value, (list, tuple)) or len(value) > MAX_VALUES
+            or not all(type(v) is float and math.isfinite(v) for v in value)):
+        raise _malformed(K_VALUES, f"an array of at most {MAX_VALUES} finite floats")
+    return tuple(value)
+
+
+def _int(fields: Mapping, key: int, bounds: tuple[int, int]) -> int:
+    value = fields[key]
+    if type(value) is not int or not bounds[0] <= value <= bounds[1]:
+        raise _malformed(key, f"an integer in [{bounds[0]}, {bounds[1]}]")
+    return value
+
+
+def _model(value) -> bytes:
+    if type(value) is not bytes or len(value) != 32:
+        raise _malformed(K_MODEL, "a 32-byte string")
+    return value
+
+
+def _bool(value) -> bool:
+    if type(value) is not bool:
+        raise _malformed(K_FAILSAFE, "a boolean")
+    return value
 
 
 class EnvelopeVerifier:
-    """Checks envelopes from one signer: signature, key id, model hash and strictly rising sequence numbers.
+    """Checks envelopes from one signer: key, signature, model hash, strictly rising sequence numbers
+    and, when given `max_age_ns` or `clock`, freshness.
 
     Used by the PLC simulator and usable on a PLC gateway. Not thread-safe (holds replay state).
     """
 
-    def __init__(self, public_key_pem: bytes, expected_model_sha256: bytes | None = None) -> None:
+    def __init__(self, public_key_pem: bytes, expected_model_sha256: bytes | None = None, *,
+                 max_age_ns: int | None = None, clock: Callable[[], int] | None = None) -> None:
         self.public_key = serialization.load_pem_public_key(public_key_pem)
-        if isinstance(self.public_key, ed25519.Ed25519PublicKey):
-            self.algorithm = ALG_ED25519
-        elif isinstance(self.public_key, ec.EllipticCurvePublicKey) and self.public_key.curve.name == "secp256r1":
-            self.algorithm = ALG_ECDSA_P256_SHA256
-        else:
-            raise ValueError("trusted key must be Ed25519 or ECDSA P-256")
+        self.algorithm = cose.algorithm_for_key(self.public_key)
         self.key_id = key_id_of(self.public_key)
         self.expected_model_sha256 = expected_model_sha256
+        self.max_age_ns = max_age_ns
+        # freshness is opt-in: only a verifier whose clock tracks the signer's can judge it
+        self.clock = clock or (time.time_ns if max_age_ns is not None else None)
         self.last_sequence = -1
 
     def verify(self, data: bytes) -> Envelope:
         env, signed = decode(data)
+        self._check_key(env)
+        try:
+            cose.verify_signature(env.algorithm, self.public_key, signed, env.signature)
+        except EnvelopeError as exc:
+            raise EnvelopeError(f"bad signature on command {env.command.sequence}", exc.code) from None
+        cmd = env.command
+        if self.expected_model_sha256 is not None and cmd.model_sha256 != self.expected_model_sha256:
+            raise EnvelopeError(
+                f"command {cmd.sequence} comes from model {cmd.model_sha256.hex()[:16]}…, "
+                f"expected {self.expected_model_sha256.hex()[:16]}…", "model")
+        if cmd.sequence <= self.last_sequence:
+            raise EnvelopeError(
+                f"sequence {cmd.sequence} is not above the last accepted {self.last_sequence} (replay)", "replay")
+        self._check_fresh(cmd)
+        self.last_sequence = cmd.sequence
+        return env
+
+    def _check_key(self, env: Envelope) -> None:
         if env.algorithm != self.algorithm:
             name = ALGORITHM_NAMES.get(env.algorithm, f"unknown ({env.algorithm})")
             raise EnvelopeError(f"signature algorithm {name}, trusted key is {ALGORITHM_NAMES[self.algorithm]}", "key")
         if env.key_id != self.key_id:
             raise EnvelopeError(f"signed by key {env.key_id.hex()}, trusted key is {self.key_id.hex()}", "key")
-        try:
-            if self.algorithm == ALG_ED25519:
-                self.public_key.verify(env.signature, signed)
-            else:
-                self.public_key.verify(env.signature, signed, ec.ECDSA(hashes.SHA256()))
-        except InvalidSignature:
-            raise EnvelopeError(f"bad signature on command {env.command.sequence}", "signature") from None
-        if self.expected_model_sha256 is not None and env.command.model_sha256 != self.expected_model_sha256:
+
+    def _check_fresh(self, cmd: Command) -> None:
+        if self.clock is None:
+            return
+        now = self.clock()
+        if now > cmd.deadline_ns:
             raise EnvelopeError(
-                f"command {env.command.sequence} comes from model {env.command.model_sha256.hex()[:16]}…, "
-                f"expected {self.expected_model_sha256.hex()[:16]}…", "model")
-        if env.command.sequence <= self.last_sequence:
-            raise EnvelopeError(
-                f"sequence {env.command.sequence} is not above the last accepted {self.last_sequence} (replay)",
-                "replay")
-        self.last_sequence = env.command.sequence
-        return env
+                f"command {cmd.sequence} expired {(now - cmd.deadline_ns) / 1e6:.3f} ms ago (deadline passed)", "stale")
+        if self.max_age_ns is not None and now - cmd.issued_ns > self.max_age_ns:
+            raise EnvelopeError(f"command {cmd.sequence} was issued {(now - cmd.issued_ns) / 1e6:.3f} ms ago, "
+                                f"more than the {self.max_age_ns / 1e6:g} ms allowed", "stale")

@@ -1,4 +1,4 @@
-"""Signers turn a Command into envelope bytes. One Protocol, one class per key store."""
+"""Signers turn a Command into envelope bytes (a COSE_Sign1). One Protocol, one class per key store."""
 from __future__ import annotations
 
 from typing import Protocol
@@ -6,7 +6,7 @@ from typing import Protocol
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from .envelope import ALG_ED25519, Command, attach_signature, encode_unsigned, key_id_of
+from .envelope import ALG_ED25519, Command, assemble, key_id_of, to_be_signed
 
 
 class Signer(Protocol):
@@ -16,7 +16,7 @@ class Signer(Protocol):
 
     def public_key_pem(self) -> bytes: ...
 
-    def sign_command(self, cmd: Command) -> bytes: ...
+    def sign_command(self, cmd: Command) -> bytes: ...  # the COSE_Sign1 bytes
 
     def close(self) -> None: ...
 
@@ -36,8 +36,8 @@ class SoftwareSigner:
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
 
     def sign_command(self, cmd: Command) -> bytes:
-        unsigned = encode_unsigned(cmd, self.algorithm, self.key_id)
-        return attach_signature(unsigned, self._key.sign(unsigned))
+        signed, parts = to_be_signed(cmd, self.algorithm, self.key_id)
+        return assemble(parts, self._key.sign(signed))
 
     def close(self) -> None:
         pass

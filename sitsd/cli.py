@@ -73,6 +73,17 @@ def _cmd_status(args) -> int:
     return 0
 
 
+def _cmd_reload(args) -> int:
+    from .control import request
+
+    answer = request(_socket_path(args), "reload")
+    if answer.get("reloaded"):
+        print(f"reloaded; changed: {', '.join(answer['changed']) or 'nothing'}")
+        return 0
+    print(f"reload refused: {answer.get('error')}", file=sys.stderr)
+    return 1
+
+
 def _cmd_top(args) -> int:
     from .top import run_top
 
@@ -182,6 +193,14 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
     status.add_argument("--json", action="store_true", help="print the raw status JSON")
     status.set_defaults(func=_cmd_status)
+
+    rl = sub.add_parser("reload", help="re-read the running daemon's config and apply what can change live",
+                        description="Constraints, signal limits, timing and safety limits change between two "
+                        "frames; PLC, transport, model and attestation changes need a restart and are refused.")
+    rl.add_argument("--config", type=Path, default=Path("/etc/sitsd/sitsd.yaml"))
+    rl.add_argument("--socket", default=None, help="control socket path (instead of --config)")
+    rl.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
+    rl.set_defaults(func=_cmd_reload)
 
     top = sub.add_parser("top", help="live view of a running sitsd: rates, drops, latency, stages, alerts")
     top.add_argument("--config", type=Path, default=Path("/etc/sitsd/sitsd.yaml"),

@@ -63,8 +63,12 @@ def make_signer(cfg: Config):
 
 
 class Daemon:
-    def __init__(self, cfg: Config, *, signer=None, notifier: Notifier | None = None) -> None:
+    def __init__(self, cfg: Config, *, signer=None, notifier: Notifier | None = None,
+                 config_path: Path | None = None, config_overrides: dict | None = None) -> None:
         self.cfg = cfg
+        self.config_path = config_path
+        self.config_overrides = config_overrides
+        self.reloads = 0
         self.signer = signer
         self.notifier = notifier or Notifier()
         self.log = get_logger("sitsd")
@@ -428,6 +432,7 @@ class Daemon:
             "line": self.cfg.line,
             "state": self.state,
             "uptime_s": round(time.monotonic() - self._started, 1),
+            "reloads": self.reloads,
             "model": str(self.cfg.model.artifact),
             "model_sha256": self.model.sha256.hex() if self.model else None,
             "signer": getattr(self.signer, "kind", None),
@@ -468,7 +473,8 @@ class Daemon:
                 self.audit = AuditLog(self.cfg.audit.directory)
                 await self._startup_command()
                 server = await control.serve(Path(self.cfg.control.socket),
-                                             {"status": self.status, "stop": self._stop_request})
+                                             {"status": self.status, "stop": self._stop_request,
+                                              "reload": self._reload_request})
                 if self.cfg.metrics.enabled:
                     from .metrics import MetricsExporter
 
@@ -527,6 +533,17 @@ class Daemon:
         end = time.monotonic() + timeout_s
         while not self._queue.empty() and time.monotonic() < end:
             await asyncio.sleep(0.01)
+
+    def reload_config(self) -> dict:
+        """Re-read the config file and apply what can change live (I/O thread)."""
+        from .reload import reload
+
+        if self.config_path is None:
+            return {"reloaded": False, "error": "this daemon was not started from a config file"}
+        return reload(self, self.config_path, self.config_overrides)
+
+    def _reload_request(self, _req: dict) -> dict:
+        return self.reload_config()
 
     def _stop_request(self, _req: dict) -> dict:
         self._stop.set()

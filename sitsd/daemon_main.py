@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from .log import configure
 
     try:
-        cfg = load_config(args.config, parse_overrides(args.set))
+        cfg = load_config(args.config, parse_overrides(args.set))  # --set applies to reloads as well
     except SitsError as exc:
         print(f"sitsd: {exc}", file=sys.stderr)
         return 2
@@ -43,15 +43,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.config}: OK")
         return 0
     configure(cfg.logging.level, sys.stderr, syslog_prefix=args.syslog_prefix)
-    daemon = Daemon(cfg)
+    overrides = parse_overrides(args.set)
+    daemon = Daemon(cfg, config_path=args.config, config_overrides=overrides)
 
     async def run() -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, daemon.request_stop)
-        # SIGHUP must never kill a running control loop; live reload is not in this build
-        loop.add_signal_handler(signal.SIGHUP, lambda: daemon.log.warning(
-            "SIGHUP ignored", detail="live config reload is not supported yet; restart sitsd to apply a new config"))
+        # SIGHUP re-reads the config and applies what can change live (systemctl reload sitsd)
+        loop.add_signal_handler(signal.SIGHUP, daemon.reload_config)
         return await daemon.serve()
 
     return asyncio.run(run())

@@ -133,6 +133,8 @@ class ControlLoop:
 
     def step(self, frame: Frame) -> None:
         """Run one frame through the loop (public for tests and the benchmark)."""
+        # a config reload swaps these references between frames; one frame uses one set of rules
+        gate, safety = self.constraints, self.safety
         t_loop = time.time_ns()
         c, stages = self.counters, self.timings.stages
         row = self.timings.next_row()
@@ -152,35 +154,35 @@ class ControlLoop:
             self.alerts.append((t_loop, "timestamp", self._explain_drop(reason, frame, t_loop), frame.publisher_id,
                                 frame.sequence_number))
             if reason == CLOCK and self.clock_policy == "failsafe":
-                self._send(frame, row, self.safety.failsafe, True, deadline, "clock")
+                self._send(frame, row, safety.failsafe, True, deadline, "clock")
                 return
             self._consecutive_drops += 1
             if self._consecutive_drops >= self.max_consecutive_drops:
                 self._consecutive_drops = 0
-                self._send(frame, row, self.safety.failsafe, True, deadline, "consecutive_drops")
+                self._send(frame, row, safety.failsafe, True, deadline, "consecutive_drops")
             return
 
         if self.ts_gate.restarted:
             self.alerts.append((t_loop, "publisher_restart", "sequence number went back with a newer sender "
                                 "timestamp: the publisher restarted", frame.publisher_id, frame.sequence_number))
-        violated = self.constraints.check(frame.values, frame.sender_timestamp_ns)
+        violated = gate.check(frame.values, frame.sender_timestamp_ns)
         p2 = time.perf_counter_ns()
         stages[row, _T["constraint_gate"]] = (p2 - p1) * 1e-3
-        if self.constraints.last_substituted:
-            self.alerts.append((t_loop, "hold_last", f"invalid {', '.join(self.constraints.last_substituted)}: "
+        if gate.last_substituted:
+            self.alerts.append((t_loop, "hold_last", f"invalid {', '.join(gate.last_substituted)}: "
                                 "held the last accepted value", frame.publisher_id, frame.sequence_number))
-            self.constraints.last_substituted = []
+            gate.last_substituted = []
         if violated >= 0:
             c.dropped_constraint += 1
-            self.alerts.append((t_loop, "constraint", self.constraints.describe(violated, frame.values),
+            self.alerts.append((t_loop, "constraint", gate.describe(violated, frame.values),
                                 frame.publisher_id, frame.sequence_number))
-            if self.constraints.policy(violated) == "drop":
+            if gate.policy(violated) == "drop":
                 self._consecutive_drops += 1
                 if self._consecutive_drops >= self.max_consecutive_drops:
                     self._consecutive_drops = 0
-                    self._send(frame, row, self.safety.failsafe, True, deadline, "consecutive_drops")
+                    self._send(frame, row, safety.failsafe, True, deadline, "consecutive_drops")
                 return
-            self._send(frame, row, self.safety.failsafe, True, deadline, "constraint")
+            self._send(frame, row, safety.failsafe, True, deadline, "constraint")
             return
         self._consecutive_drops = 0
 
@@ -189,19 +191,19 @@ class ControlLoop:
         p3 = time.perf_counter_ns()
         stages[row, _T["model"]] = (p3 - p2) * 1e-3
 
-        values = self.safety.apply(proposed, frame.sender_timestamp_ns)
+        values = safety.apply(proposed, frame.sender_timestamp_ns)
         p4 = time.perf_counter_ns()
         stages[row, _T["safety"]] = (p4 - p3) * 1e-3
-        if self.safety.violation:
-            self.alerts.append((t_loop, "safety", self.safety.violation, frame.publisher_id, frame.sequence_number))
-            if self.safety.wants_failsafe:
-                self._send(frame, row, self.safety.failsafe, True, deadline, "safety")
+        if safety.violation:
+            self.alerts.append((t_loop, "safety", safety.violation, frame.publisher_id, frame.sequence_number))
+            if safety.wants_failsafe:
+                self._send(frame, row, safety.failsafe, True, deadline, "safety")
                 return
         if time.time_ns() + self.sign_budget_ns > deadline:
             c.deadline_missed += 1
             self.alerts.append((t_loop, "deadline", "model result would arrive after the deadline",
                                 frame.publisher_id, frame.sequence_number))
-            self._send(frame, row, self.safety.failsafe, True, deadline, "deadline")
+            self._send(frame, row, safety.failsafe, True, deadline, "deadline")
             return
         self._send(frame, row, values, False, deadline, "")
 

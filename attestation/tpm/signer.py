@@ -1,4 +1,4 @@
-"""Per-command ECDSA P-256 signing with a key that never leaves the TPM (TPM2_Sign).
+"""Per-command ECDSA P-256 signing (COSE ES256) with a key that never leaves the TPM (TPM2_Sign).
 
 The device key is persisted at 0x81000001 (created on first use: a primary key under the
 owner hierarchy, NODA so unclean restarts never trip dictionary-attack lockout). One ESAPI
@@ -11,9 +11,9 @@ import os
 import threading
 
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
-from ..envelope import ALG_ECDSA_P256_SHA256, Command, attach_signature, encode_unsigned, key_id_of
+from ..cose import es256_signature
+from ..envelope import ALG_ECDSA_P256_SHA256, Command, assemble, key_id_of, to_be_signed
 from ..errors import TpmError
 
 DEFAULT_KEY_HANDLE = 0x81000001
@@ -89,8 +89,8 @@ class TpmSigner:
 
     def sign_command(self, cmd: Command) -> bytes:
         t = _tss()
-        unsigned = encode_unsigned(cmd, self.algorithm, self.key_id)
-        digest = hashlib.sha256(unsigned).digest()
+        signed, parts = to_be_signed(cmd, self.algorithm, self.key_id)
+        digest = hashlib.sha256(signed).digest()  # TPM2_Sign takes the digest; ES256 hashes with SHA-256
         with self._lock:
             try:
                 sig = self._esapi.sign(self._key, t.TPM2B_DIGEST(digest), self._scheme, self._ticket)
@@ -98,7 +98,7 @@ class TpmSigner:
                 raise TpmError(f"TPM2_Sign with key 0x{self.key_handle:08x} through {self.tcti!r} failed: {exc}") from exc
         r = int.from_bytes(bytes(sig.signature.ecdsa.signatureR), "big")
         s = int.from_bytes(bytes(sig.signature.ecdsa.signatureS), "big")
-        return attach_signature(unsigned, encode_dss_signature(r, s))
+        return assemble(parts, es256_signature(r, s))  # COSE wants r||s, not DER
 
     def close(self) -> None:
         with self._lock:

@@ -1,9 +1,12 @@
 import hashlib
 import time
 
+import cbor2
 import pytest
+from cryptography.hazmat.primitives import serialization
 
-from attestation.envelope import Command, EnvelopeVerifier
+from attestation import cose
+from attestation.envelope import ALG_ECDSA_P256_SHA256, Command, EnvelopeVerifier
 from attestation.errors import TpmError
 from attestation.tpm import TpmSigner
 
@@ -26,6 +29,20 @@ def test_tpm_key_signs_verifiable_envelopes_and_persists(swtpm):
         verifier.verify(again.sign_command(Command("t", (0.5,), 4, 4, now, now + 10**7, MODEL)))
     finally:
         again.close()
+
+
+def test_tpm_envelopes_are_es256_cose_sign1_with_r_s_signatures(swtpm):
+    signer = TpmSigner(swtpm.tcti)
+    try:
+        now = time.time_ns()
+        data = signer.sign_command(Command("t", (0.5,), 1, 1, now, now + 10**7, MODEL))
+    finally:
+        signer.close()
+    item = cbor2.loads(data)
+    assert item.tag == 18 and cbor2.loads(item.value[0])[1] == ALG_ECDSA_P256_SHA256 == cose.ALG_ES256
+    msg = cose.verify_sign1(data, serialization.load_pem_public_key(signer.public_key_pem()))
+    assert len(msg.signature) == 64  # r||s, each 32 bytes big endian, not DER
+    assert msg.header(cose.HDR_KID) == signer.key_id
 
 
 def test_model_measurement_extends_pcr16(swtpm):

@@ -98,3 +98,60 @@ def test_sitsd_process_notifies_serves_status_and_stops_cleanly(manager, plcsim,
     finally:
         if daemon.poll() is None:
             daemon.kill()
+
+
+def test_sighup_reloads_live_rules_and_refuses_the_rest(manager, plcsim, tmp_path):
+    import yaml
+
+    from sitsd.control import request
+
+    path, sock = manager
+    audit = tmp_path / "audit"
+    endpoint, udp_url, _ = plcsim(audit / "signer.pub.pem")
+    control = tmp_path / "control.sock"
+    data = yaml.safe_load(EXAMPLE_CONFIG.read_text())
+    data["model"]["artifact"] = str(EXAMPLE_CONFIG.parent / data["model"]["artifact"])
+    config = tmp_path / "line.yaml"
+    config.write_text(yaml.safe_dump(data, sort_keys=False))
+    args = sitsd_args(config, plc__endpoint=endpoint, transport__url=udp_url, attestation__mode="software",
+                      plc__security="none", audit__directory=audit, control__socket=control)
+    daemon = subprocess.Popen(args, env=dict(os.environ, NOTIFY_SOCKET=path), stderr=open(tmp_path / "log", "wb"),
+                              cwd=REPO)
+    try:
+        assert any(m.startswith("READY=1") for m in _drain(sock, lambda m: any(x.startswith("READY=1") for x in m), 60))
+        time.sleep(0.5)
+        before = request(control, "status")["counters"]["failsafe"]
+
+        # tighten a constraint the running mill violates (force is ~8000 kN): fail-safe commands follow
+        band = next(c for c in data["constraints"] if c["name"] == "force_in_band_under_agc")
+        band["max"] = 5000.0
+        config.write_text(yaml.safe_dump(data, sort_keys=False))
+        daemon.send_signal(signal.SIGHUP)
+        msgs = _drain(sock, lambda m: any(x.startswith("READY=1") for x in m), 10)
+        reloading = [i for i, x in enumerate(msgs) if x.startswith("RELOADING=1\nMONOTONIC_USEC=")]
+        ready = [i for i, x in enumerate(msgs) if x.startswith("READY=1")]
+        assert reloading and ready and reloading[0] < ready[0]  # RELOADING=1 first, READY=1 when done
+        time.sleep(0.5)
+        status = request(control, "status")
+        assert status["reloads"] == 1 and status["state"] == "running"
+        assert status["counters"]["failsafe"] > before + 10
+        assert any("force_in_band_under_agc" in a["reason"] for a in status["recent_alerts"])
+
+        # a change that needs a restart is refused, and so is a broken file; the loop keeps running
+        data["plc"]["command_mode"] = "method"
+        data["plc"]["command_object"] = "ns=2;s=Line"
+        config.write_text(yaml.safe_dump(data, sort_keys=False))
+        answer = subprocess.run([sys.executable, "-m", "sitsd.cli", "reload", "--socket", str(control)],
+                                capture_output=True, text=True, timeout=30, cwd=REPO)
+        assert answer.returncode == 1 and "need a restart: plc" in answer.stderr
+        config.write_text("version: [")
+        daemon.send_signal(signal.SIGHUP)
+        msgs = _drain(sock, lambda m: any(x.startswith("READY=1") for x in m), 10)
+        assert any("STATUS=reload refused" in x for x in msgs)
+        frames = request(control, "status")["counters"]["frames"]
+        time.sleep(0.3)
+        assert request(control, "status")["counters"]["frames"] > frames
+        assert daemon.poll() is None
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(20)

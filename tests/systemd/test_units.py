@@ -23,6 +23,7 @@ def stub_root(tmp_path):
     stub = root / "usr/bin/sitsd"
     stub.write_text("#!/bin/sh\n")
     stub.chmod(0o755)
+    shutil.copy("/bin/kill", root / "bin/kill")
     shutil.copy(UNIT, root / "etc/systemd/system/sitsd.service")
     return root
 

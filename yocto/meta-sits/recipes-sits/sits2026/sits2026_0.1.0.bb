@@ -36,9 +36,11 @@ CONFFILES:${PN} = "${sysconfdir}/sitsd/sitsd.yaml"
 RDEPENDS:${PN} = "\
     python3-asyncio \
     python3-asyncua \
+    python3-cbor2 \
     python3-cryptography \
     python3-numpy \
     python3-onnxruntime \
+    python3-prometheus-client \
     python3-pydantic \
     python3-pyyaml \
     python3-structlog \

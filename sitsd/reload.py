@@ -1,0 +1,80 @@
+"""Live config reload (SIGHUP, `sitsctl reload`): the rules change between two frames, nothing stops.
+
+What may change live: signal ranges, rates, types and policies (same names in the same order),
+constraints, timing limits, PTP policy, safety limits, logging level. Everything else (PLC, transport,
+model, attestation, audit, control, runtime, metrics) needs a restart, and a reload that touches it
+is refused with the list. A config that does not load is refused too; the running rules stay.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from .config import Config, load_config
+from .errors import ConfigError
+from .gates import ConstraintGate, SafetyEnvelope
+
+RESTART_SECTIONS = ("line", "model", "modules", "plc", "transport", "attestation", "audit", "control", "runtime",
+                    "metrics")
+LIVE_SECTIONS = ("signals", "constraints", "timing", "safety", "logging")
+
+
+class ReloadRefused(Exception):
+    pass
+
+
+def plan(old: Config, new: Config) -> list[str]:
+    """The sections that change; raises ReloadRefused when one of them needs a restart."""
+    needs_restart = [s for s in RESTART_SECTIONS if getattr(old, s) != getattr(new, s)]
+    if old.signal_names != new.signal_names:
+        needs_restart.append("signals (names or order: the frame layout)")
+    if needs_restart:
+        raise ReloadRefused(f"these changes need a restart: {', '.join(needs_restart)}")
+    return [s for s in LIVE_SECTIONS if getattr(old, s) != getattr(new, s)]
+
+
+def apply(daemon, new: Config) -> None:
+    """Swap the rules in the running loop (reference assignments the loop picks up at the next frame)."""
+    loop = daemon.loop
+    gate = ConstraintGate(new.signals, new.constraints)
+    old_gate = loop.constraints
+    gate._prev[:] = old_gate._prev  # rates keep their reference frame
+    gate._prev_ns, gate._has_prev = old_gate._prev_ns, old_gate._has_prev
+    safety = SafetyEnvelope(new.safety.actuators, new.model.outputs)
+    safety.last[:] = loop.safety.last
+    safety._last_ns = loop.safety._last_ns
+    t = new.timing
+    ts = loop.ts_gate
+    ts.max_transit_ns = int(t.max_transit_ms * 1e6)
+    ts.max_future_ns = int(t.max_future_ms * 1e6)
+    ts.max_age_ns = int(t.max_age_ms * 1e6) if t.max_age_ms else None
+    ts.require_hardware_stamps = t.require_hardware_stamps
+    if t.replay_window != ts.window:
+        ts.window, ts._window_mask = t.replay_window, (1 << t.replay_window) - 1
+    loop.deadline_ns = int(t.deadline_ms * 1e6)
+    loop.max_consecutive_drops = t.max_consecutive_drops
+    loop.clock_policy = t.ptp.policy
+    loop.constraints, loop.safety = gate, safety
+    daemon.cfg = new
+
+
+def reload(daemon, path: Path, overrides: dict | None = None) -> dict:
+    """Load, check and apply; tells systemd RELOADING=1 ... READY=1 around it. Returns the outcome."""
+    daemon.notifier.send(f"RELOADING=1\nMONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
+    try:
+        new = load_config(path, overrides)
+        changed = plan(daemon.cfg, new)
+        apply(daemon, new)
+    except (ConfigError, ReloadRefused) as exc:
+        reason = str(exc)
+        daemon.log.error("config reload refused; the running configuration stays", error=reason, config=str(path))
+        daemon.notifier.send(f"READY=1\nSTATUS=reload refused: {reason.splitlines()[0][:200]}")
+        return {"reloaded": False, "error": reason}
+    if "logging" in changed:
+        from .log import configure
+
+        configure(new.logging.level)
+    daemon.reloads += 1
+    daemon.log.info("config reloaded", config=str(path), changed=changed)
+    daemon.notifier.send(f"READY=1\nSTATUS={daemon.status_line()}")
+    return {"reloaded": True, "changed": changed}
