@@ -48,19 +48,42 @@ class AuditLog:
             self._fh.close()
 
 
+class AuditError(ValueError):
+    """An audit file does not verify; the message names the file, the line and what is wrong."""
+
+
 def verify_chain(path: str | os.PathLike) -> int:
-    """Check every link of an audit file; returns the record count or raises ValueError with the line."""
+    """Check every link of an audit file; returns the record count or raises AuditError naming the
+    first bad record: edited (hash mismatch), deleted or reordered (broken link), or truncated."""
     prev = GENESIS
     count = 0
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
-            entry = json.loads(line)
-            body = entry["record"]
+            if not line.endswith("\n"):
+                raise AuditError(f"{path}:{lineno}: truncated record (the file ends mid-line)")
+            try:
+                entry = json.loads(line)
+                body = entry["record"]
+                stored = entry["hash"]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise AuditError(f"{path}:{lineno}: not an audit record ({exc})") from None
             if body.get("prev") != prev:
-                raise ValueError(f"{path}:{lineno}: chain broken (prev {body.get('prev')!s:.16}, expected {prev:.16})")
+                raise AuditError(f"{path}:{lineno}: chain broken: a record before it was deleted or reordered "
+                                 f"(prev {str(body.get('prev'))[:16]}, expected {prev[:16]})")
             digest = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-            if digest != entry["hash"]:
-                raise ValueError(f"{path}:{lineno}: record was modified (hash mismatch)")
+            if digest != stored:
+                raise AuditError(f"{path}:{lineno}: record {body.get('seq')} was modified (hash mismatch)")
             prev = digest
             count += 1
     return count
+
+
+def audit_files(target: str | os.PathLike) -> list[Path]:
+    """The audit files of a directory in time order (their names start with the UTC start time)."""
+    p = Path(target)
+    return sorted(p.glob("commands-*.jsonl")) if p.is_dir() else [p]
+
+
+def read_records(path: str | os.PathLike) -> list[dict]:
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line)["record"] for line in fh if line.strip()]

@@ -73,6 +73,38 @@ def _cmd_status(args) -> int:
     return 0
 
 
+def _cmd_audit(args) -> int:
+    from .audit import AuditError, audit_files, read_records, verify_chain
+
+    target = args.path or Path(load_audit_dir(args))
+    files = audit_files(target)
+    if not files:
+        print(f"sitsctl audit: no audit files (commands-*.jsonl) in {target}", file=sys.stderr)
+        return 2
+    if args.action == "verify":
+        bad = 0
+        for f in files:
+            try:
+                print(f"{f}: OK, {verify_chain(f)} records")
+            except AuditError as exc:
+                bad += 1
+                print(f"{exc}", file=sys.stderr)
+        return 1 if bad else 0
+    for f in files:
+        records = read_records(f)
+        for r in records[-args.last:] if args.last else records:
+            values = ", ".join(f"{v:.6g}" for v in r.get("values", []))
+            print(f"seq {r.get('seq'):>8}  frame {r.get('frame_seq'):>6}  {r.get('outcome', 'acknowledged'):<12} "
+                  f"{'FAILSAFE ' if r.get('failsafe') else ''}[{values}]  sent {r.get('sent_ns')}")
+    return 0
+
+
+def load_audit_dir(args) -> str:
+    from .config import load_config
+
+    return str(load_config(args.config, parse_overrides(args.set)).audit.directory)
+
+
 def _cmd_reload(args) -> int:
     from .control import request
 
@@ -193,6 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
     status.add_argument("--json", action="store_true", help="print the raw status JSON")
     status.set_defaults(func=_cmd_status)
+
+    au = sub.add_parser("audit", help="verify the audit log's hash chain, or show its records",
+                        description="verify: every record's hash and link, naming the first edited, deleted, "
+                        "reordered or truncated record (exit 1 if any file fails). show: the records, readably.")
+    au.add_argument("action", choices=("verify", "show"))
+    au.add_argument("path", nargs="?", type=Path, help="an audit directory or file (default: audit.directory)")
+    au.add_argument("--config", type=Path, default=Path("/etc/sitsd/sitsd.yaml"))
+    au.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
+    au.add_argument("--last", type=int, default=None, help="show: only the last N records of each file")
+    au.set_defaults(func=_cmd_audit)
 
     rl = sub.add_parser("reload", help="re-read the running daemon's config and apply what can change live",
                         description="Constraints, signal limits, timing and safety limits change between two "
