@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import threading
 import time
@@ -37,11 +38,15 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 COMMAND_NODE = "RollingMill.RollGapCommand"
 COMMAND_METHOD = "RollingMill.ApplyCommand"
 STATUS_NODE = "RollingMill.Status"
+SESSION_NONCE_NODE = "RollingMill.SessionNonce"
+SESSION_CREDENTIAL_NODE = "RollingMill.SessionCredential"
 DIAGNOSTIC_NODE = "RollingMill.Diagnostic"
 MILL_OBJECT = "RollingMill"
 
 # verify(envelope bytes) -> (sequence, values, failsafe); raises with a reason on rejection.
 CommandVerifier = Callable[[bytes], tuple[int, Sequence[float], bool]]
+# accept(credential bytes, nonce) -> the CommandVerifier for that session; raises with a reason.
+SessionAcceptor = Callable[[bytes, bytes], CommandVerifier]
 
 
 class CommandRejected(Exception):
@@ -74,11 +79,17 @@ class SimulatorSettings:
 
 
 class RollingMillSimulator:
-    def __init__(self, settings: SimulatorSettings, verifier: CommandVerifier,
-                 params: MillParameters | None = None) -> None:
+    def __init__(self, settings: SimulatorSettings, verifier: CommandVerifier | None,
+                 params: MillParameters | None = None, session_acceptor: SessionAcceptor | None = None) -> None:
         self.s = settings
         self.p = params or MillParameters()
-        self.verify = verifier
+        # without a session acceptor, `verifier` checks every command; with one, commands are refused
+        # until a session credential written to SessionCredential has been accepted
+        self.verify = verifier if verifier is not None else self._no_session
+        self.session_acceptor = session_acceptor
+        self.session_nonce = os.urandom(32)
+        self.sessions_accepted = 0
+        self.sessions_rejected = 0
         dt = 1.0 / settings.rate_hz
         self.dt = dt
         self._disturbances = DisturbanceSequence(self.p, settings.seed, dt)
@@ -130,6 +141,12 @@ class RollingMillSimulator:
         server.set_attribute_value_setter(cmd.nodeid, self._on_command_write)
         await mill.add_method(ua.NodeId(COMMAND_METHOD, idx), "ApplyCommand", self._on_command_call,
                               [ua.VariantType.ByteString], [ua.VariantType.UInt32])
+        await mill.add_variable(ua.NodeId(SESSION_NONCE_NODE, idx), "SessionNonce", self.session_nonce,
+                                ua.VariantType.ByteString)
+        credential = await mill.add_variable(ua.NodeId(SESSION_CREDENTIAL_NODE, idx), "SessionCredential", b"",
+                                             ua.VariantType.ByteString)
+        await credential.set_writable()
+        server.set_attribute_value_setter(credential.nodeid, self._on_credential_write)
         self._status_node = await mill.add_variable(ua.NodeId(STATUS_NODE, idx), "Status", 0, ua.VariantType.UInt32)
         self._diagnostic_node = await mill.add_variable(ua.NodeId(DIAGNOSTIC_NODE, idx), "Diagnostic", "",
                                                         ua.VariantType.String)
@@ -167,6 +184,27 @@ class RollingMillSimulator:
         await server.load_private_key(str(pki.own_key))
         self.client_validator = TrustListValidator(pki, peer_is_server=False)
         server.set_certificate_validator(self.client_validator)
+
+    @staticmethod
+    def _no_session(_envelope: bytes):
+        raise CommandRejected("no session: write a session credential to SessionCredential first", "key")
+
+    def _on_credential_write(self, node_data, attr, datavalue: ua.DataValue) -> None:
+        """A session credential: the device's TPM quote binding a session key to this PLC's nonce."""
+        payload = datavalue.Value.Value if datavalue.Value is not None else None
+        if self.session_acceptor is None:
+            raise ua.UaStatusCodeError(ua.StatusCodes.BadNotWritable)
+        try:
+            verifier = self.session_acceptor(bytes(payload or b""), self.session_nonce)
+        except Exception as exc:  # the acceptor's error says why (quote, nonce, PCR, model)
+            self.sessions_rejected += 1
+            self.reject_reasons["session"] += 1
+            self.last_reject = f"session credential refused: {exc}"
+            raise ua.UaStatusCodeError(ua.StatusCodes.BadSecurityChecksFailed) from exc
+        with self._lock:
+            self.verify = verifier
+            self.sessions_accepted += 1
+        node_data.attributes[attr].value = datavalue
 
     def _on_command_write(self, node_data, attr, datavalue: ua.DataValue) -> None:
         """asyncua calls this on the server's loop for every write to RollGapCommand."""
@@ -288,6 +326,8 @@ class RollingMillSimulator:
                 "reject_reasons": dict(self.reject_reasons),
                 "last_reject": self.last_reject,
                 "fallbacks": self.fallbacks,
+                "sessions_accepted": self.sessions_accepted,
+                "sessions_rejected": self.sessions_rejected,
                 "compared_steps": self._err_steps,
                 "thickness_error_um": {"closed_loop": self._err_closed / n * 1000.0,
                                        "open_loop": self._err_open / n * 1000.0},
