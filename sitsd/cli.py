@@ -37,7 +37,7 @@ def _cmd_demo(args) -> int:
 
     result = run_demo(seconds=args.seconds, config_path=args.config, force_software=args.software,
                       seed=args.seed, rate_hz=args.rate, transport=args.transport, security=args.security,
-                      field_encoding=args.field_encoding, profile=args.profile)
+                      field_encoding=args.field_encoding, profile=args.profile, signing=args.signing)
     print(human_summary(result))
     if args.json:
         print(json.dumps(result))
@@ -211,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "or UADP over raw Ethernet with a VLAN tag (simulator in a network namespace; needs root)")
     demo.add_argument("--security", choices=("none", "sign", "sign-and-encrypt"), default="sign-and-encrypt",
                       help="OPC UA message security between sitsd and the simulator (default sign-and-encrypt)")
+    demo.add_argument("--signing", choices=("tpm-session", "tpm-direct"), default="tpm-session",
+                      help="with swtpm: a session key bound by one TPM quote (default), or TPM2_Sign per command")
     demo.add_argument("--field-encoding", choices=("variant", "raw"), default="variant",
                       help="UADP field encoding of the sensor frames (default variant)")
     demo.add_argument("--profile", choices=("simulator", "s7-1500", "controllogix", "melsec-iq-r"),

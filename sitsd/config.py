@@ -169,6 +169,9 @@ class PlcSection(_Section):
         default="write", description="write the envelope to a ByteString variable, or pass it to a method")
     command_node: str = Field(min_length=1, description="the ByteString command variable (write) or the method")
     command_object: str | None = Field(default=None, description="method mode: the object owning the method")
+    session_nonce_node: str | None = Field(default=None, description="tpm-session: the PLC's fresh nonce (ByteString)")
+    session_credential_node: str | None = Field(
+        default=None, description="tpm-session: where the quote-bound session credential is written (ByteString)")
     status_node: str | None = Field(default=None, description="controller status word, decoded by the profile")
     diagnostic_node: str | None = Field(default=None, description="latest diagnostic text, parsed by the profile")
     security: Literal["none", "sign", "sign-and-encrypt"] = Field(
@@ -194,7 +197,8 @@ class PlcSection(_Section):
         return get_profile(self.profile).parse(address).node_id
 
 
-_ADDRESS_FIELDS = ("command_node", "command_object", "status_node", "diagnostic_node")
+_ADDRESS_FIELDS = ("command_node", "command_object", "session_nonce_node", "session_credential_node", "status_node",
+                   "diagnostic_node")
 
 
 class UadpUdpTransport(_Section):
@@ -288,9 +292,16 @@ class SafetySection(_Section):
 
 
 class AttestationSection(_Section):
+    """mode tpm2 signs with TPM-anchored keys: `tpm-session` (default) quotes a per-start session key once
+    (the PLC checks the quote via plc.session_nonce_node/session_credential_node) and signs each command
+    with it in microseconds; `tpm-direct` runs TPM2_Sign for every command. software: development only."""
+
     mode: Literal["tpm2", "software"]
+    signing: Literal["tpm-session", "tpm-direct"] = "tpm-session"
     tcti: str | None = None
     key_handle: int = Field(default=0x81000001, ge=0x81000000, le=0x81FFFFFF)
+    ak_handle: int = Field(default=0x81000002, ge=0x81000000, le=0x81FFFFFF,
+                           description="restricted attestation key that quotes the session key")
 
     @model_validator(mode="after")
     def _tcti(self):
@@ -390,6 +401,11 @@ def _cross_checks(cfg: Config) -> list[tuple[tuple, str]]:
             problems.append((("safety", "actuators", i, "output"), f"{a.output!r} is not one of model.outputs"))
     if cfg.timing.deadline_ms > 10 * cfg.timing.cycle_ms:
         problems.append((("timing", "deadline_ms"), "deadline is more than 10 cycles; commands would act on stale data"))
+    if cfg.attestation.mode == "tpm2" and cfg.attestation.signing == "tpm-session" and not (
+            cfg.plc.session_nonce_node and cfg.plc.session_credential_node):
+        problems.append((("attestation", "signing"), "tpm-session needs plc.session_nonce_node and "
+                         "plc.session_credential_node, where the PLC checks the quote that binds the session key; "
+                         "or use signing: tpm-direct"))
     if cfg.modules:
         problems.append((("modules",), "WASM modules are not supported by this build yet; leave the list empty"))
     for i, s in enumerate(cfg.signals):

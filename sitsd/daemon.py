@@ -47,16 +47,21 @@ _CERT_REFUSED = {ua.StatusCodes.BadSecurityChecksFailed, ua.StatusCodes.BadCerti
                  ua.StatusCodes.BadCertificateInvalid, ua.StatusCodes.BadIdentityTokenRejected,
                  ua.StatusCodes.BadCertificateUriInvalid, ua.StatusCodes.BadCertificateUseNotAllowed}
 PUBKEY_FILE = "signer.pub.pem"
+DEVICE_KEY_FILE = "device.pub.pem"  # tpm-session: the attestation key the PLC trusts
 
 
 def make_signer(cfg: Config):
     """The signer the config asks for; a TPM that cannot be reached is an error, never a silent downgrade."""
     if cfg.attestation.mode == "software":
         return SoftwareSigner()
+    from attestation.session import TpmSessionSigner
     from attestation.tpm import TpmSigner
 
+    a = cfg.attestation
     try:
-        return TpmSigner(cfg.attestation.tcti, cfg.attestation.key_handle)
+        if a.signing == "tpm-session":
+            return TpmSessionSigner(a.tcti, a.key_handle, a.ak_handle)
+        return TpmSigner(a.tcti, a.key_handle)
     except AttestationError as exc:
         raise StartupError(f"{exc}\n  fix: check attestation.tcti, that the daemon user may open the TPM "
                            f"(group tss), or set attestation.mode: software for development") from exc
@@ -122,6 +127,8 @@ class Daemon:
         audit_dir = Path(cfg.audit.directory)
         audit_dir.mkdir(parents=True, exist_ok=True)
         (audit_dir / PUBKEY_FILE).write_bytes(self.signer.public_key_pem())
+        if hasattr(self.signer, "device_public_key_pem"):
+            (audit_dir / DEVICE_KEY_FILE).write_bytes(self.signer.device_public_key_pem())
         t = cfg.transport
         try:
             if isinstance(t, OpcUaSubscriptionTransport):
@@ -205,6 +212,8 @@ class Daemon:
                                            f"ByteString (the command envelope)")
             except ua.UaStatusCodeError as exc:
                 raise StartupError(f"plc.command_node {p.command_node}: not found on the PLC ({exc})") from exc
+            if hasattr(self.signer, "bind"):
+                await self._bind_session(client)
             if p.status_node or p.diagnostic_node:
                 status = await self._resolve_node(client, p.node_id(p.status_node), "plc.status_node") \
                     if p.status_node else None
@@ -221,6 +230,30 @@ class Daemon:
             await client.disconnect()
             raise
         self._client, self._command_node, self._command_owner = client, node, owner
+
+    async def _bind_session(self, client: Client) -> None:
+        """tpm-session: quote the session key against the PLC's fresh nonce and hand it the credential."""
+        p = self.cfg.plc
+        if not (p.session_nonce_node and p.session_credential_node):
+            raise StartupError("attestation.signing tpm-session needs plc.session_nonce_node and "
+                               "plc.session_credential_node")
+        nonce_node = client.get_node(await self._resolve_node(client, p.node_id(p.session_nonce_node),
+                                                              "plc.session_nonce_node"))
+        cred_node = client.get_node(await self._resolve_node(client, p.node_id(p.session_credential_node),
+                                                             "plc.session_credential_node"))
+        nonce = await nonce_node.read_value()
+        if not isinstance(nonce, (bytes, bytearray)) or not 16 <= len(nonce) <= 64:
+            raise StartupError(f"plc.session_nonce_node {p.session_nonce_node}: expected a 16-64 byte nonce")
+        credential = self.signer.bind(bytes(nonce))
+        try:
+            await cred_node.write_value(ua.DataValue(ua.Variant(credential.to_cbor(), ua.VariantType.ByteString)))
+        except ua.UaStatusCodeError as exc:
+            raise StartupError(
+                f"the PLC refused the session credential ({exc}): it does not trust this device's attestation key "
+                f"or expects another model\n  fix: enrol {Path(self.cfg.audit.directory) / DEVICE_KEY_FILE} and "
+                f"the model hash {self.model.sha256.hex()[:16]}… in the PLC's session verifier") from exc
+        self.log.info("session key bound to the TPM quote", session_key=self.signer.key_id.hex(),
+                      nonce=bytes(nonce).hex()[:16])
 
     def _on_plc_event(self, event: PlcEvent) -> None:
         """A controller event (status word or diagnostic text), already structured by the vendor profile."""
@@ -435,7 +468,8 @@ class Daemon:
             "reloads": self.reloads,
             "model": str(self.cfg.model.artifact),
             "model_sha256": self.model.sha256.hex() if self.model else None,
-            "signer": getattr(self.signer, "kind", None),
+            "signer": "tpm" if str(getattr(self.signer, "kind", "")).startswith("tpm") else getattr(self.signer, "kind", None),
+            "signing_mode": getattr(self.signer, "kind", None),
             "key_id": self.signer.key_id.hex() if self.signer else None,
             "plc": self.cfg.plc.endpoint,
             "transport": self.cfg.transport.kind,

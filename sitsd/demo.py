@@ -43,7 +43,7 @@ class Simulator:
 
     def __init__(self, udp_url: str, trust_key: Path, model_sha256: str, seed: int, rate_hz: float, workdir: Path,
                  opcua_frames: bool = False, link=None, security: str = "none", pki: Path | None = None,
-                 field_encoding: str = "variant", profile: str = "simulator"):
+                 field_encoding: str = "variant", profile: str = "simulator", session: bool = False):
         self._stderr = open(workdir / "plcsim.log", "wb")
         extra = ["--opcua-frames"] if opcua_frames else []
         extra += ["--field-encoding", field_encoding, "--profile", profile]
@@ -55,7 +55,8 @@ class Simulator:
             extra += ["--host", link.plc_ip, "--eth-url", DEMO_ETH_URL, "--eth-interface", link.plc_if,
                       "--launch-offset-us", "200"]
         self.proc = subprocess.Popen(
-            prefix + [sys.executable, "-m", "sitsd.plcsim", "--udp-url", udp_url, "--port", "0", "--trust-key", str(trust_key), "--control-stdin",
+            prefix + [sys.executable, "-m", "sitsd.plcsim", "--udp-url", udp_url, "--port", "0",
+                      "--trust-device-key" if session else "--trust-key", str(trust_key), "--control-stdin",
              "--model-sha256", model_sha256, "--seed", str(seed), "--rate", str(rate_hz)] + extra,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1,
             cwd=str(REPO_ROOT))
@@ -102,7 +103,7 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
              progress: TextIO | None = sys.stderr, force_software: bool = False, seed: int = 1,
              rate_hz: float = 100.0, overrides: dict | None = None, transport: str = "udp",
              security: str = "sign-and-encrypt", field_encoding: str = "variant",
-             profile: str = "simulator") -> dict:
+             profile: str = "simulator", signing: str = "tpm-session") -> dict:
     """Run the closed loop for `seconds` (or until `frames` frames) and return the summary dict.
 
     transport: "udp" (UADP over UDP multicast, read by the loop thread) or "opcua" (an OPC UA
@@ -128,10 +129,18 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
 
             link = DemoLink().open()
         if swtpm_available() and not force_software:
+            from attestation.session import TpmSessionSigner
+
             swtpm = Swtpm(workdir / "tpm").start()
-            signer = TpmSigner(swtpm.tcti)
-            say(f"signer: TPM 2.0 (swtpm, {swtpm.tcti}), ECDSA P-256 key at 0x81000001")
-            attestation = {"attestation.mode": "tpm2", "attestation.tcti": swtpm.tcti}
+            if signing == "tpm-direct":
+                signer = TpmSigner(swtpm.tcti)
+                say(f"signer: TPM 2.0 (swtpm, {swtpm.tcti}), TPM2_Sign per command with the P-256 key at 0x81000001")
+            else:
+                signer = TpmSessionSigner(swtpm.tcti)
+                say(f"signer: TPM 2.0 (swtpm, {swtpm.tcti}), a P-256 session key bound by a TPM2_Quote of the "
+                    f"attestation key at 0x81000002")
+            attestation = {"attestation.mode": "tpm2", "attestation.tcti": swtpm.tcti,
+                           "attestation.signing": signing}
         else:
             signer = SoftwareSigner()
             say("WARNING: swtpm is not installed: commands are signed with a software Ed25519 key, "
@@ -141,8 +150,9 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
         group = f"239.255.{random.randint(1, 254)}.{random.randint(1, 254)}"
         udp_url = f"opc.udp://{group}:{_free_udp_port()}"
         model_sha = sha256_file(base.model.artifact).hex()
-        key_path = workdir / "signer.pub.pem"
-        key_path.write_bytes(signer.public_key_pem())
+        session = hasattr(signer, "bind")
+        key_path = workdir / ("device.pub.pem" if session else "signer.pub.pem")
+        key_path.write_bytes(signer.device_public_key_pem() if session else signer.public_key_pem())
         how = {"udp": f"UADP on {udp_url}", "opcua": "OPC UA subscription",
                "eth": f"UADP over Ethernet {DEMO_ETH_URL} via {link.host_if if link else ''}"}[transport]
         say(f"starting PLC simulator ({how}, {rate_hz:g} Hz)")
@@ -152,7 +162,7 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
             say(f"OPC UA security: Basic256Sha256 {security}, certificates trusted both ways")
         sim = Simulator(udp_url, key_path, model_sha, seed, rate_hz, workdir, opcua_frames=transport == "opcua",
                         link=link, security=security, pki=plc_pki, field_encoding=field_encoding,
-                        profile=profile)
+                        profile=profile, session=session)
         launch_time = sim.launch_time
         if transport == "udp":
             transport_cfg = {"transport.url": udp_url, "transport.interface": "127.0.0.1",
@@ -169,8 +179,11 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
             "plc.endpoint": sim.endpoint, "plc.command_node": f"nsu={SIM_NAMESPACE};s=RollingMill.RollGapCommand",
             "plc.security": security, "plc.pki_dir": str(workdir / "pki-sitsd"), "plc.profile": profile,
             "metrics.port": 0,
-            "plc.status_node": f"nsu={SIM_NAMESPACE};s=RollingMill.Status",
-            "plc.diagnostic_node": f"nsu={SIM_NAMESPACE};s=RollingMill.Diagnostic",
+            "plc.session_nonce_node": f"nsu={SIM_NAMESPACE};s=RollingMill.SessionNonce",
+            "plc.session_credential_node": f"nsu={SIM_NAMESPACE};s=RollingMill.SessionCredential",
+            **({} if profile == "simulator" else {  # only vendor profiles emulate status words and diagnostics
+                "plc.status_node": f"nsu={SIM_NAMESPACE};s=RollingMill.Status",
+                "plc.diagnostic_node": f"nsu={SIM_NAMESPACE};s=RollingMill.Diagnostic"}),
             "audit.directory": str(workdir / "audit"), "control.socket": str(workdir / "control.sock"),
             **(overrides or {})})
         daemon = Daemon(cfg, signer=signer)
@@ -210,6 +223,7 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
             "latency_us": status["latency_us"],
             "stages_us": {k: {"p50": v["p50"], "p99": v["p99"]} for k, v in status["stages_us"].items()},
             "signer": status["signer"],
+            "signing_mode": status["signing_mode"],
             "transport": transport,
             "security": security,
             "rx_stamp_source": status["rx_stamp_source"],
@@ -264,7 +278,7 @@ def human_summary(r: dict) -> str:
         f"  frames dropped       {r['dropped']} by the gates, {r['lost']} lost in transit",
         f"  alerts               {', '.join(f'{k} {v}' for k, v in r['alerts'].items()) or 'none'}",
         f"  rejected by the PLC  {r['rejected_by_plc']} (the simulator verified {r['plc_accepted']} envelopes)",
-        f"  signer               {r['signer']}",
+        f"  signer               {r['signer']} ({r['signing_mode']})",
         f"  OPC UA security      {r['security']}",
         f"  PLC profile          {r['plc_profile']}"
         + (f", events: {', '.join(f'{k} x{v}' for k, v in r['plc_events'].items())}" if r["plc_events"] else ""),

@@ -39,6 +39,32 @@ class LazyVerifier:
         return env.command.sequence, env.command.values, env.command.failsafe
 
 
+class SessionAcceptor:
+    """Checks a session credential (TPM quote over the session key and this PLC's nonce) and returns the
+    per-command verifier for that session."""
+
+    def __init__(self, device_key_path: Path, model_sha256: bytes | None) -> None:
+        self.device_key_path = device_key_path
+        self.model_sha256 = model_sha256
+
+    def __call__(self, credential: bytes, nonce: bytes):
+        from attestation.session import SessionVerifier
+
+        if self.model_sha256 is None:
+            raise CommandRejected("tpm-session verification needs --model-sha256", "model")
+        try:
+            trusted = self.device_key_path.read_bytes()
+        except OSError as exc:
+            raise CommandRejected(f"no device key at {self.device_key_path}: {exc}", "key") from exc
+        verifier = SessionVerifier(trusted, self.model_sha256).accept(credential, nonce)
+
+        def verify(envelope: bytes):
+            env = verifier.verify(envelope)
+            return env.command.sequence, env.command.values, env.command.failsafe
+
+        return verify
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="sitsctl plcsim", description="Rolling-mill PLC simulator (OPC UA server + "
                                  "UADP publisher) that verifies every command envelope before applying it.")
@@ -58,8 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--rate", type=float, default=100.0, help="frames per second (default 100)")
     ap.add_argument("--seed", type=int, default=1, help="disturbance sequence seed")
     ap.add_argument("--publisher-id", type=int, default=7)
-    ap.add_argument("--trust-key", type=Path, required=True,
+    ap.add_argument("--trust-key", type=Path, default=None,
                     help="PEM public key whose envelopes are accepted (sitsd writes <audit dir>/signer.pub.pem)")
+    ap.add_argument("--trust-device-key", type=Path, default=None,
+                    help="tpm-session: the device's TPM attestation key (<audit dir>/device.pub.pem); commands are "
+                    "accepted once a session credential quoted by it against this PLC's nonce verifies")
     ap.add_argument("--model-sha256", default=None, help="accept only commands from this model (hex)")
     ap.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     ap.add_argument("--security", choices=("none", "sign", "sign-and-encrypt"), default="none",
@@ -86,7 +115,12 @@ async def run(args) -> int:
     if bool(args.eth_url) != bool(args.eth_interface):
         raise SystemExit("sitsctl plcsim: --eth-url and --eth-interface go together")
     model = bytes.fromhex(args.model_sha256) if args.model_sha256 else None
-    sim = RollingMillSimulator(settings, LazyVerifier(args.trust_key, model))
+    if (args.trust_key is None) == (args.trust_device_key is None):
+        raise SystemExit("sitsctl plcsim: give exactly one of --trust-key and --trust-device-key")
+    if args.trust_device_key is not None:
+        sim = RollingMillSimulator(settings, None, session_acceptor=SessionAcceptor(args.trust_device_key, model))
+    else:
+        sim = RollingMillSimulator(settings, LazyVerifier(args.trust_key, model))
     await sim.start()
     publisher = threading.Thread(target=sim.run_publisher, args=(args.duration,), name="plcsim-publisher", daemon=True)
     publisher.start()

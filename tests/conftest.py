@@ -37,13 +37,14 @@ def plcsim(tmp_path):
     procs = []
 
     def start(trust_key: Path, model_sha256: str | None = None, port: int = 0, udp_url: str | None = None,
-              security: str = "none", pki: Path | None = None) -> tuple[str, str, subprocess.Popen]:
+              security: str = "none", pki: Path | None = None,
+              session: bool = False) -> tuple[str, str, subprocess.Popen]:
         if udp_url is None:
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
                 s.bind(("127.0.0.1", 0))
                 udp_url = f"opc.udp://239.255.{random.randint(1, 254)}.{random.randint(1, 254)}:{s.getsockname()[1]}"
         args = [sys.executable, "-m", "sitsd.plcsim", "--udp-url", udp_url, "--port", str(port),
-                "--trust-key", str(trust_key), "--control-stdin"]
+                "--trust-device-key" if session else "--trust-key", str(trust_key), "--control-stdin"]
         if model_sha256:
             args += ["--model-sha256", model_sha256]
         if security != "none":

@@ -1,5 +1,7 @@
 """TPM 2.0 access through tpm2-pytss ESAPI, and swtpm for demos and tests."""
+from .quote import AK_HANDLE, Quote, QuoteError, load_or_create_ak, quote, verify_quote
 from .signer import DEFAULT_KEY_HANDLE, TpmSigner
 from .swtpm import Swtpm, swtpm_available
 
-__all__ = ["DEFAULT_KEY_HANDLE", "TpmSigner", "Swtpm", "swtpm_available"]
+__all__ = ["DEFAULT_KEY_HANDLE", "TpmSigner", "Swtpm", "swtpm_available",
+           "AK_HANDLE", "Quote", "QuoteError", "load_or_create_ak", "quote", "verify_quote"]

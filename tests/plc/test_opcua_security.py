@@ -96,7 +96,8 @@ def test_moving_the_rejected_certificate_into_the_trust_list_fixes_it(plcsim, pk
                             stderr=open(tmp_path / "log", "wb"), cwd=REPO)
     try:
         deadline = time.monotonic() + 60
-        while not (tmp_path / "c.sock").exists() and proc.poll() is None and time.monotonic() < deadline:
+        while "sitsd ready" not in (tmp_path / "log").read_text() and proc.poll() is None \
+                and time.monotonic() < deadline:
             time.sleep(0.1)
         assert proc.poll() is None, (tmp_path / "log").read_text()
         assert "sitsd ready" in (tmp_path / "log").read_text()

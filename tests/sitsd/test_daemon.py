@@ -155,3 +155,24 @@ def test_malformed_frames_are_reported_and_the_loop_keeps_running(plcsim, tmp_pa
     log = (tmp_path / "sitsd.log").read_text()
     assert "malformed frames skipped" in log and "UADP decode error at byte" in log
     assert "config reloaded" in log
+
+
+def test_plc_refusing_the_session_credential_stops_startup(plcsim, swtpm, tmp_path):
+    """tpm-session: the PLC trusts another device's attestation key, so it refuses the quote."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    other = tmp_path / "other-device.pem"
+    other.write_bytes(ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    from ep.session import sha256_file
+
+    from ..conftest import DEMO_MODEL
+
+    endpoint, udp_url, sim = plcsim(other, model_sha256=sha256_file(DEMO_MODEL).hex(), session=True)
+    r = subprocess.run(sitsd_args(EXAMPLE_CONFIG, plc__endpoint=endpoint, transport__url=udp_url,
+                                  attestation__tcti=swtpm.tcti, plc__security="none",
+                                  audit__directory=tmp_path / "audit", control__socket=tmp_path / "c.sock"),
+                       capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 1, r.stderr
+    assert "refused the session credential" in r.stderr and "device.pub.pem" in r.stderr

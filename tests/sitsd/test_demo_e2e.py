@@ -6,7 +6,7 @@ from sitsd.demo import run_demo
 
 def test_closed_loop_with_tpm_signing_beats_open_loop():
     r = run_demo(seconds=5, progress=None)
-    assert r["signer"] == "tpm"
+    assert r["signer"] == "tpm" and r["signing_mode"] == "tpm-session"  # quote-bound session key
     assert r["frames"] > 100 and r["commands"] > 100
     assert r["rejected_by_plc"] == 0
     assert r["plc_accepted"] >= r["commands"] - 1  # the last write may be in flight at the snapshot
@@ -68,3 +68,9 @@ def test_simulator_emulates_vendor_events_that_sitsd_structures(profile, prefix)
     assert r["plc_profile"] == profile and r["commands"] > 50
     assert r["plc_events"], "no PLC events decoded"
     assert all(code.startswith(prefix) for code in r["plc_events"])
+
+
+def test_tpm_direct_signing_per_command():
+    r = run_demo(seconds=2, progress=None, security="none", signing="tpm-direct")
+    assert r["signer"] == "tpm" and r["signing_mode"] == "tpm"
+    assert r["commands"] > 50 and r["rejected_by_plc"] == 0
