@@ -17,6 +17,7 @@ bench: setup
 	.venv/bin/python bench/loop_latency.py --frames 2000
 	.venv/bin/python bench/uadp_codec.py
 	.venv/bin/python bench/gates.py
+	.venv/bin/python bench/signing.py
 
 # Reproduces examples/models/rolling_mill.onnx (needs torch 2.13.0, installed by this target).
 train-model:
