@@ -74,7 +74,7 @@ def _cmd_status(args) -> int:
 
 
 def _cmd_audit(args) -> int:
-    from .audit import AuditError, audit_files, read_records, verify_chain
+    from .audit import AuditError, audit_files, read_records, verify_chain, verify_directory
 
     target = args.path or Path(load_audit_dir(args))
     files = audit_files(target)
@@ -82,14 +82,15 @@ def _cmd_audit(args) -> int:
         print(f"sitsctl audit: no audit files (commands-*.jsonl) in {target}", file=sys.stderr)
         return 2
     if args.action == "verify":
-        bad = 0
-        for f in files:
-            try:
-                print(f"{f}: OK, {verify_chain(f)} records")
-            except AuditError as exc:
-                bad += 1
-                print(f"{exc}", file=sys.stderr)
-        return 1 if bad else 0
+        try:
+            results = verify_directory(target) if Path(target).is_dir() else [(files[0], verify_chain(files[0]))]
+        except AuditError as exc:
+            print(f"{exc}", file=sys.stderr)
+            return 1
+        for f, n in results:
+            print(f"{f}: OK, {n} records")
+        print(f"chain intact across {len(results)} segment(s), {sum(n for _, n in results)} records")
+        return 0
     for f in files:
         records = read_records(f)
         for r in records[-args.last:] if args.last else records:

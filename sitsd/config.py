@@ -312,6 +312,8 @@ class AttestationSection(_Section):
 
 class AuditSection(_Section):
     directory: Path
+    fsync: Literal["every", "interval", "never"] = Field(
+        default="interval", description="durability: every record, at least once a second, or left to the kernel")
 
 
 class ControlSection(_Section):

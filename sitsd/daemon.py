@@ -504,7 +504,10 @@ class Daemon:
             try:
                 self._build()
                 await self._connect_plc()
-                self.audit = AuditLog(self.cfg.audit.directory)
+                self.audit = AuditLog(self.cfg.audit.directory, self.cfg.audit.fsync)
+                # sequence numbers must rise across restarts, or the PLC's replay check refuses the new
+                # daemon: start above the last audited one and above the microsecond clock
+                self.loop.sequence = max(self.loop.sequence, self.audit.last_sequence, time.time_ns() // 1000)
                 await self._startup_command()
                 server = await control.serve(Path(self.cfg.control.socket),
                                              {"status": self.status, "stop": self._stop_request,

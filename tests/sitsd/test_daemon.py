@@ -94,7 +94,9 @@ def test_plc_restart_reconnects_and_commands_resume(plcsim, tmp_path):
     second = json.loads(sim2.stdout.readline())["stats"]
     assert second["accepted"] >= 100 and first["rejected"] == second["rejected"] == 0
     (audit_file,) = audit.glob("commands-*.jsonl")
-    records = [json.loads(line)["record"] for line in audit_file.read_text().splitlines()]
+    from sitsd.audit import read_records
+
+    records = read_records(audit_file)
     assert verify_chain(audit_file) == len(records)
     seqs = [r["seq"] for r in records]
     assert seqs == sorted(set(seqs))  # strictly increasing: nothing sent twice
@@ -176,3 +178,52 @@ def test_plc_refusing_the_session_credential_stops_startup(plcsim, swtpm, tmp_pa
                        capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode == 1, r.stderr
     assert "refused the session credential" in r.stderr and "device.pub.pem" in r.stderr
+
+
+def test_kill_9_loses_no_acknowledged_record_and_the_restart_resumes_the_chain(plcsim, swtpm, tmp_path):
+    """tpm-direct keeps the device key across restarts, so the PLC's replay check spans both daemons."""
+    import json
+    import signal
+    import time
+
+    from sitsd.audit import read_records, verify_directory
+    from sitsd.control import request
+
+    audit = tmp_path / "audit"
+    control = tmp_path / "c.sock"
+
+    def start(log_name):
+        proc = subprocess.Popen(sitsd_args(EXAMPLE_CONFIG, plc__endpoint=endpoint, transport__url=udp_url,
+                                           attestation__tcti=swtpm.tcti, attestation__signing="tpm-direct",
+                                           plc__security="none", audit__directory=audit,
+                                           control__socket=control), stderr=open(tmp_path / log_name, "wb"), cwd=REPO)
+        deadline = time.monotonic() + 60
+        while "sitsd ready" not in (tmp_path / log_name).read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, (tmp_path / log_name).read_text()
+            time.sleep(0.1)
+        return proc
+
+    from attestation.tpm import TpmSigner
+
+    key = TpmSigner(swtpm.tcti)  # provision the device key so the PLC can trust it before the first start
+    (tmp_path / "device.pem").write_bytes(key.public_key_pem())
+    key.close()
+    endpoint, udp_url, sim = plcsim(tmp_path / "device.pem")
+    first = start("first.log")
+    time.sleep(1.5)
+    acknowledged = request(control, "status")["counters"]["commands"]
+    first.send_signal(signal.SIGKILL)
+    first.wait(10)
+    second = start("second.log")  # same TPM key: its sequence numbers must continue above the first's
+    time.sleep(1.0)
+    second.send_signal(signal.SIGTERM)
+    assert second.wait(20) == 0
+    segments = verify_directory(audit)  # chain intact across the crash
+    assert len(segments) == 2
+    first_records = read_records(segments[0][0])
+    assert len([r for r in first_records if r["outcome"] == "acknowledged"]) >= acknowledged
+    sim.stdin.write("stats\n")
+    sim.stdin.flush()
+    stats = json.loads(sim.stdout.readline())["stats"]
+    assert stats["rejected"] == 0  # the restarted daemon was not taken for a replay
+    assert stats["accepted"] >= len(first_records) + 50
