@@ -236,6 +236,8 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
             "failsafe": c["failsafe"],
             "deadline_missed": c["deadline_missed"],
             "expired": c["expired"],
+            "submitted": c["submitted"],
+            "write_errors": c["write_errors"],
             "lost": c["lost"],
             "plc_accepted": plc_stats["accepted"],
             "plc_fallbacks": plc_stats["fallbacks"],

@@ -101,3 +101,38 @@ def test_vendor_addresses_resolve_through_the_profile():
                                        "plc.status_node": "ns=3;i=1001"})
     assert cfg.plc.node_id(cfg.plc.command_node) == 'ns=3;s="DB_AGC"."RollGapCommand"'
     assert cfg.plc.node_id(cfg.plc.status_node) == "ns=3;i=1001"  # NodeIds pass through
+
+
+# -- hostile config files: every mutation is a ConfigError that names a place, never a crash ----------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_TEXT = EXAMPLE_CONFIG.read_text()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(0, len(_TEXT) - 1), st.integers(1, 40), st.binary(max_size=12))
+def test_mutated_config_files_fail_cleanly(tmp_path, start, length, junk):
+    text = _TEXT[:start] + junk.decode("latin-1") + _TEXT[start + length:]
+    path = tmp_path / "mutated.yaml"
+    path.write_text(text, encoding="utf-8")
+    try:
+        cfg = load_config(path)
+    except ConfigError as exc:
+        assert str(path) in str(exc) and exc.problems
+    else:
+        assert cfg.signals  # a mutation that still parses must still be a complete, valid config
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=60))
+def test_arbitrary_when_conditions_are_rejected_or_parsed(text):
+    from sitsd.config import parse_when
+
+    try:
+        conditions = parse_when(text)
+    except ValueError as exc:
+        assert "condition" in str(exc)
+    else:
+        assert all(c.op in ("==", "!=", "<", "<=", ">", ">=") for c in conditions)

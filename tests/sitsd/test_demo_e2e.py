@@ -74,3 +74,15 @@ def test_tpm_direct_signing_per_command():
     r = run_demo(seconds=2, progress=None, security="none", signing="tpm-direct")
     assert r["signer"] == "tpm" and r["signing_mode"] == "tpm"
     assert r["commands"] > 50 and r["rejected_by_plc"] == 0
+
+
+def test_ten_times_the_nominal_frame_rate_is_absorbed_by_bounded_queues():
+    """1 kHz frames into a loop configured for 100 Hz: nothing crashes or grows; what cannot be written
+    in time is counted (expired), and every signed command is accounted for."""
+    from sitsd.daemon import QUEUE_DEPTH
+
+    r = run_demo(seconds=3, progress=None, force_software=True, security="none", rate_hz=1000)
+    assert r["frames"] > 1500 and r["commands"] > 100 and r["rejected_by_plc"] == 0
+    in_flight = r["submitted"] - (r["commands"] - 1) - r["expired"] - r["write_errors"]  # -1: startup command
+    assert 0 <= in_flight <= QUEUE_DEPTH + 1
+    assert r["thickness_error_um"]["closed_loop"] < r["thickness_error_um"]["open_loop"]
