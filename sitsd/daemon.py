@@ -13,7 +13,7 @@ import time
 from collections import Counter, deque
 from pathlib import Path
 
-from asyncua import Client, ua
+from asyncua import ua
 
 from attestation.envelope import Command, EnvelopeVerifier
 from attestation.errors import AttestationError
@@ -23,9 +23,7 @@ from ep.session import ModelRunner
 from plc.errors import TransportError
 from plc.eth import EthFrameSource
 from plc.frame import RxStampSource
-from plc.opcua_events import PlcEventWatcher
-from plc.profiles import PlcEvent, get_profile
-from plc.opcua_security import SECURITY_MODES, SECURITY_POLICY, Pki, TrustListValidator, thumbprint
+from plc.profiles import PlcEvent
 from plc.opcua_source import OpcUaSubscriptionSource
 from plc.uadp import compile_layout
 from plc.udp import UdpFrameSource
@@ -39,13 +37,10 @@ from .gates.ptp import query_pmc
 from .log import get_logger
 from .notify import Notifier
 from .pipeline import ControlLoop, Counters, Outgoing
+from .plc_link import PlcLink
 from .stats import STAGE_INDEX, TimingRing
 
 QUEUE_DEPTH = 8
-# status codes a server answers with when it does not accept the client's certificate
-_CERT_REFUSED = {ua.StatusCodes.BadSecurityChecksFailed, ua.StatusCodes.BadCertificateUntrusted,
-                 ua.StatusCodes.BadCertificateInvalid, ua.StatusCodes.BadIdentityTokenRejected,
-                 ua.StatusCodes.BadCertificateUriInvalid, ua.StatusCodes.BadCertificateUseNotAllowed}
 PUBKEY_FILE = "signer.pub.pem"
 DEVICE_KEY_FILE = "device.pub.pem"  # tpm-session: the attestation key the PLC trusts
 
@@ -95,9 +90,7 @@ class Daemon:
         self.model: ModelRunner | None = None
         self.source: UdpFrameSource | None = None
         self.audit: AuditLog | None = None
-        self._client: Client | None = None
-        self._command_node = None
-        self._command_owner = None
+        self.link: PlcLink | None = None
         self._aio: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._queue: asyncio.Queue | None = None
@@ -172,89 +165,6 @@ class Daemon:
             verifier.verify(envelope)
         return int(2 * statistics.median(times)) + 100_000
 
-    async def _connect_plc(self) -> None:
-        p = self.cfg.plc
-        client = Client(p.endpoint, timeout=p.timeout_s)
-        validator = None
-        try:
-            if p.security != "none":
-                validator = await self._secure(client)
-            await client.connect()
-        except StartupError:
-            raise
-        except ua.UaStatusCodeError as exc:
-            if validator is not None and validator.last_rejected is not None:
-                raise StartupError(f"the PLC at {p.endpoint}: {validator.explain()}") from exc
-            if validator is not None and exc.code in _CERT_REFUSED:
-                pki = Pki(p.pki_dir)
-                raise StartupError(
-                    f"the PLC at {p.endpoint} refused this client's certificate (SHA-1 "
-                    f"{thumbprint(pki.load_own())}): {type(exc).__name__}\n  fix: add {pki.own_cert} to the "
-                    f"PLC's trusted certificates") from exc
-            raise StartupError(f"cannot connect to the PLC at {p.endpoint}: {exc}") from exc
-        except (OSError, asyncio.TimeoutError, ua.UaError) as exc:
-            raise StartupError(f"cannot connect to the PLC at {p.endpoint}: {exc or type(exc).__name__}\n"
-                               f"  fix: check plc.endpoint and that the PLC's OPC UA server is running") from exc
-        try:
-            node = client.get_node(await self._resolve_node(client, p.node_id(p.command_node), "plc.command_node"))
-            owner = None
-            try:
-                if p.command_mode == "method":
-                    owner = client.get_node(await self._resolve_node(client, p.node_id(p.command_object),
-                                                                     "plc.command_object"))
-                    if await node.read_node_class() != ua.NodeClass.Method:
-                        raise StartupError(f"plc.command_node {p.command_node}: is not a Method node "
-                                           f"(command_mode: method)")
-                else:
-                    vtype = await node.read_data_type_as_variant_type()
-                    if vtype != ua.VariantType.ByteString:
-                        raise StartupError(f"plc.command_node {p.command_node}: is {vtype.name}, expected "
-                                           f"ByteString (the command envelope)")
-            except ua.UaStatusCodeError as exc:
-                raise StartupError(f"plc.command_node {p.command_node}: not found on the PLC ({exc})") from exc
-            if hasattr(self.signer, "bind"):
-                await self._bind_session(client)
-            if p.status_node or p.diagnostic_node:
-                status = await self._resolve_node(client, p.node_id(p.status_node), "plc.status_node") \
-                    if p.status_node else None
-                diagnostic = await self._resolve_node(client, p.node_id(p.diagnostic_node), "plc.diagnostic_node") \
-                    if p.diagnostic_node else None
-                await PlcEventWatcher(get_profile(p.profile), self._on_plc_event).subscribe(client, status, diagnostic)
-            if isinstance(self.source, OpcUaSubscriptionSource):
-                frames = await self._resolve_node(client, self.cfg.transport.node, "transport.node")
-                try:
-                    await self.source.subscribe(client, frames)
-                except TransportError as exc:
-                    raise StartupError(str(exc)) from exc
-        except BaseException:
-            await client.disconnect()
-            raise
-        self._client, self._command_node, self._command_owner = client, node, owner
-
-    async def _bind_session(self, client: Client) -> None:
-        """tpm-session: quote the session key against the PLC's fresh nonce and hand it the credential."""
-        p = self.cfg.plc
-        if not (p.session_nonce_node and p.session_credential_node):
-            raise StartupError("attestation.signing tpm-session needs plc.session_nonce_node and "
-                               "plc.session_credential_node")
-        nonce_node = client.get_node(await self._resolve_node(client, p.node_id(p.session_nonce_node),
-                                                              "plc.session_nonce_node"))
-        cred_node = client.get_node(await self._resolve_node(client, p.node_id(p.session_credential_node),
-                                                             "plc.session_credential_node"))
-        nonce = await nonce_node.read_value()
-        if not isinstance(nonce, (bytes, bytearray)) or not 16 <= len(nonce) <= 64:
-            raise StartupError(f"plc.session_nonce_node {p.session_nonce_node}: expected a 16-64 byte nonce")
-        credential = self.signer.bind(bytes(nonce))
-        try:
-            await cred_node.write_value(ua.DataValue(ua.Variant(credential.to_cbor(), ua.VariantType.ByteString)))
-        except ua.UaStatusCodeError as exc:
-            raise StartupError(
-                f"the PLC refused the session credential ({exc}): it does not trust this device's attestation key "
-                f"or expects another model\n  fix: enrol {Path(self.cfg.audit.directory) / DEVICE_KEY_FILE} and "
-                f"the model hash {self.model.sha256.hex()[:16]}… in the PLC's session verifier") from exc
-        self.log.info("session key bound to the TPM quote", session_key=self.signer.key_id.hex(),
-                      nonce=bytes(nonce).hex()[:16])
-
     def _on_plc_event(self, event: PlcEvent) -> None:
         """A controller event (status word or diagnostic text), already structured by the vendor profile."""
         self.plc_events.append(event)
@@ -262,37 +172,6 @@ class Daemon:
         log = self.log.warning if event.severity in ("error", "critical") else self.log.info
         log("plc event", code=event.code, severity=event.severity, component=event.component, text=event.text,
             vendor=event.vendor, plc_time_ns=event.timestamp_ns)
-
-    async def _secure(self, client: Client) -> TrustListValidator:
-        """Basic256Sha256 with this device's certificate; the PLC's certificate must be in the trust list."""
-        p = self.cfg.plc
-        pki = Pki(p.pki_dir)
-        if not pki.has_own():
-            raise StartupError(f"plc.security is {p.security} but {pki.root} holds no client certificate\n"
-                               f"  fix: sitsctl pki init --config <this config>, then add {pki.own_cert} to the "
-                               f"PLC's trusted certificates (or set plc.security: none on an isolated test bench)")
-        client.application_uri = p.application_uri
-        validator = TrustListValidator(pki, peer_is_server=True)
-        client.certificate_validator = validator
-        try:
-            await client.set_security(SECURITY_POLICY, str(pki.own_cert), str(pki.own_key),
-                                      mode=SECURITY_MODES[p.security])
-        except ua.UaError as exc:  # no endpoint with this policy and mode
-            raise StartupError(f"the PLC at {p.endpoint} offers no Basic256Sha256 {p.security} endpoint: {exc}\n"
-                               f"  fix: enable that security policy on the PLC or change plc.security") from exc
-        return validator
-
-    @staticmethod
-    async def _resolve_node(client: Client, text: str, field: str) -> ua.NodeId:
-        """NodeId from config text; `nsu=<uri>;...` is looked up in the server's namespace array."""
-        if text.startswith("nsu="):
-            uri, rest = text[4:].split(";", 1)
-            try:
-                idx = await client.get_namespace_index(uri)
-            except ValueError:
-                raise StartupError(f"{field}: the PLC has no namespace {uri!r}") from None
-            text = f"ns={idx};{rest}"
-        return ua.NodeId.from_string(text)
 
     async def _startup_command(self) -> None:
         """Write the fail-safe command once before serving: proves the PLC accepts this device's
@@ -305,7 +184,7 @@ class Daemon:
                       self.model.sha256, True)
         envelope = self.signer.sign_command(cmd)
         try:
-            await self._send(envelope)
+            await self.link.send(envelope)
         except ua.UaStatusCodeError as exc:
             raise StartupError(
                 f"the PLC refused the startup fail-safe command ({exc}): it does not trust key "
@@ -342,7 +221,7 @@ class Daemon:
                 self._alert("deadline", f"command {item.sequence} expired before it could be written", item)
                 continue
             try:
-                await self._send(item.envelope)
+                await self.link.send(item.envelope)
             except ua.UaStatusCodeError as exc:
                 c.write_errors += 1
                 self._alert("plc_rejected", f"PLC refused command {item.sequence}: {exc}", item)
@@ -367,25 +246,14 @@ class Daemon:
                            "failsafe": item.failsafe, "sent_ns": item.sender_timestamp_ns, "outcome": outcome,
                            "envelope": item.envelope.hex(), **extra})
 
-    async def _send(self, envelope: bytes) -> None:
-        """One command to the PLC, as a variable write or a method call; a Bad status raises."""
-        value = ua.Variant(envelope, ua.VariantType.ByteString)
-        if self._command_owner is not None:
-            await self._command_owner.call_method(self._command_node, value)
-        else:
-            await self._command_node.write_value(ua.DataValue(value))
-
     async def _reconnect(self) -> None:
         self.state = "reconnecting"
-        try:
-            await self._client.disconnect()
-        except Exception:  # the session is already gone; nothing to close cleanly
-            pass
+        await self.link.close()
         delay, attempt = 0.1, 0
         while not self._stop.is_set():
             attempt += 1
             try:
-                await self._connect_plc()
+                await self.link.connect()
                 self.state = "running"
                 self.log.info("reconnected to PLC", endpoint=self.cfg.plc.endpoint, attempts=attempt)
                 return
@@ -503,7 +371,10 @@ class Daemon:
         try:
             try:
                 self._build()
-                await self._connect_plc()
+                self.link = PlcLink(self.cfg, signer=self.signer, source=self.source, on_plc_event=self._on_plc_event,
+                                    device_key_file=Path(self.cfg.audit.directory) / DEVICE_KEY_FILE,
+                                    model_sha256=self.model.sha256, log=self.log)
+                await self.link.connect()
                 self.audit = AuditLog(self.cfg.audit.directory, self.cfg.audit.fsync)
                 # sequence numbers must rise across restarts, or the PLC's replay check refuses the new
                 # daemon: start above the last audited one and above the microsecond clock
@@ -543,7 +414,7 @@ class Daemon:
             self.notifier.stopping()
             if self.loop is not None:
                 self.loop.stop()
-            if self._queue is not None and self._command_node is not None:
+            if self._queue is not None and self.link is not None and self.link.connected:
                 await self._drain_queue(timeout_s=1.0)
             for t in tasks:
                 t.cancel()
@@ -552,11 +423,8 @@ class Daemon:
                 server.close()
             if self.metrics is not None:
                 self.metrics.stop()
-            if self._client is not None:
-                try:
-                    await self._client.disconnect()
-                except Exception:  # session already lost; shutting down anyway
-                    pass
+            if self.link is not None:
+                await self.link.close()
             if self.source is not None:
                 self.source.close()
             if self.audit is not None:

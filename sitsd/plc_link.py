@@ -1,0 +1,174 @@
+"""The OPC UA session to the PLC: connect (message security, command node checks, the tpm-session
+binding, event and frame subscriptions) and send commands as writes or method calls.
+
+Owned by the daemon's I/O thread; a reconnect builds a new session the same way.
+"""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from asyncua import Client, ua
+
+from plc.errors import TransportError
+from plc.opcua_events import PlcEventWatcher
+from plc.opcua_security import SECURITY_MODES, SECURITY_POLICY, Pki, TrustListValidator, thumbprint
+from plc.opcua_source import OpcUaSubscriptionSource
+from plc.profiles import get_profile
+
+from .config import Config
+from .errors import StartupError
+
+# status codes a server answers with when it does not accept the client's certificate
+_CERT_REFUSED = {ua.StatusCodes.BadSecurityChecksFailed, ua.StatusCodes.BadCertificateUntrusted,
+                 ua.StatusCodes.BadCertificateInvalid, ua.StatusCodes.BadIdentityTokenRejected,
+                 ua.StatusCodes.BadCertificateUriInvalid, ua.StatusCodes.BadCertificateUseNotAllowed}
+
+
+class PlcLink:
+    def __init__(self, cfg: Config, *, signer, source, on_plc_event, device_key_file: Path, model_sha256: bytes,
+                 log) -> None:
+        self.cfg = cfg
+        self.signer = signer
+        self.source = source
+        self.on_plc_event = on_plc_event
+        self.device_key_file = device_key_file
+        self.model_sha256 = model_sha256
+        self.log = log
+        self.client: Client | None = None
+        self.command_node = None
+        self.command_owner = None
+
+    @property
+    def connected(self) -> bool:
+        return self.command_node is not None
+
+    async def connect(self) -> None:
+        p = self.cfg.plc
+        client = Client(p.endpoint, timeout=p.timeout_s)
+        validator = None
+        try:
+            if p.security != "none":
+                validator = await self._secure(client)
+            await client.connect()
+        except StartupError:
+            raise
+        except ua.UaStatusCodeError as exc:
+            if validator is not None and validator.last_rejected is not None:
+                raise StartupError(f"the PLC at {p.endpoint}: {validator.explain()}") from exc
+            if validator is not None and exc.code in _CERT_REFUSED:
+                pki = Pki(p.pki_dir)
+                raise StartupError(
+                    f"the PLC at {p.endpoint} refused this client's certificate (SHA-1 "
+                    f"{thumbprint(pki.load_own())}): {type(exc).__name__}\n  fix: add {pki.own_cert} to the "
+                    f"PLC's trusted certificates") from exc
+            raise StartupError(f"cannot connect to the PLC at {p.endpoint}: {exc}") from exc
+        except (OSError, asyncio.TimeoutError, ua.UaError) as exc:
+            raise StartupError(f"cannot connect to the PLC at {p.endpoint}: {exc or type(exc).__name__}\n"
+                               f"  fix: check plc.endpoint and that the PLC's OPC UA server is running") from exc
+        try:
+            node = client.get_node(await resolve_node(client, p.node_id(p.command_node), "plc.command_node"))
+            owner = None
+            try:
+                if p.command_mode == "method":
+                    owner = client.get_node(await resolve_node(client, p.node_id(p.command_object),
+                                                                     "plc.command_object"))
+                    if await node.read_node_class() != ua.NodeClass.Method:
+                        raise StartupError(f"plc.command_node {p.command_node}: is not a Method node "
+                                           f"(command_mode: method)")
+                else:
+                    vtype = await node.read_data_type_as_variant_type()
+                    if vtype != ua.VariantType.ByteString:
+                        raise StartupError(f"plc.command_node {p.command_node}: is {vtype.name}, expected "
+                                           f"ByteString (the command envelope)")
+            except ua.UaStatusCodeError as exc:
+                raise StartupError(f"plc.command_node {p.command_node}: not found on the PLC ({exc})") from exc
+            if hasattr(self.signer, "bind"):
+                await self._bind_session(client)
+            if p.status_node or p.diagnostic_node:
+                status = await resolve_node(client, p.node_id(p.status_node), "plc.status_node") \
+                    if p.status_node else None
+                diagnostic = await resolve_node(client, p.node_id(p.diagnostic_node), "plc.diagnostic_node") \
+                    if p.diagnostic_node else None
+                await PlcEventWatcher(get_profile(p.profile), self.on_plc_event).subscribe(client, status, diagnostic)
+            if isinstance(self.source, OpcUaSubscriptionSource):
+                frames = await resolve_node(client, self.cfg.transport.node, "transport.node")
+                try:
+                    await self.source.subscribe(client, frames)
+                except TransportError as exc:
+                    raise StartupError(str(exc)) from exc
+        except BaseException:
+            await client.disconnect()
+            raise
+        self.client, self.command_node, self.command_owner = client, node, owner
+
+    async def _bind_session(self, client: Client) -> None:
+        """tpm-session: quote the session key against the PLC's fresh nonce and hand it the credential."""
+        p = self.cfg.plc
+        if not (p.session_nonce_node and p.session_credential_node):
+            raise StartupError("attestation.signing tpm-session needs plc.session_nonce_node and "
+                               "plc.session_credential_node")
+        nonce_node = client.get_node(await resolve_node(client, p.node_id(p.session_nonce_node),
+                                                              "plc.session_nonce_node"))
+        cred_node = client.get_node(await resolve_node(client, p.node_id(p.session_credential_node),
+                                                             "plc.session_credential_node"))
+        nonce = await nonce_node.read_value()
+        if not isinstance(nonce, (bytes, bytearray)) or not 16 <= len(nonce) <= 64:
+            raise StartupError(f"plc.session_nonce_node {p.session_nonce_node}: expected a 16-64 byte nonce")
+        credential = self.signer.bind(bytes(nonce))
+        try:
+            await cred_node.write_value(ua.DataValue(ua.Variant(credential.to_cbor(), ua.VariantType.ByteString)))
+        except ua.UaStatusCodeError as exc:
+            raise StartupError(
+                f"the PLC refused the session credential ({exc}): it does not trust this device's attestation key "
+                f"or expects another model\n  fix: enrol {self.device_key_file} and "
+                f"the model hash {self.model_sha256.hex()[:16]}… in the PLC's session verifier") from exc
+        self.log.info("session key bound to the TPM quote", session_key=self.signer.key_id.hex(),
+                      nonce=bytes(nonce).hex()[:16])
+
+    async def _secure(self, client: Client) -> TrustListValidator:
+        """Basic256Sha256 with this device's certificate; the PLC's certificate must be in the trust list."""
+        p = self.cfg.plc
+        pki = Pki(p.pki_dir)
+        if not pki.has_own():
+            raise StartupError(f"plc.security is {p.security} but {pki.root} holds no client certificate\n"
+                               f"  fix: sitsctl pki init --config <this config>, then add {pki.own_cert} to the "
+                               f"PLC's trusted certificates (or set plc.security: none on an isolated test bench)")
+        client.application_uri = p.application_uri
+        validator = TrustListValidator(pki, peer_is_server=True)
+        client.certificate_validator = validator
+        try:
+            await client.set_security(SECURITY_POLICY, str(pki.own_cert), str(pki.own_key),
+                                      mode=SECURITY_MODES[p.security])
+        except ua.UaError as exc:  # no endpoint with this policy and mode
+            raise StartupError(f"the PLC at {p.endpoint} offers no Basic256Sha256 {p.security} endpoint: {exc}\n"
+                               f"  fix: enable that security policy on the PLC or change plc.security") from exc
+        return validator
+
+    async def send(self, envelope: bytes) -> None:
+        """One command to the PLC, as a variable write or a method call; a Bad status raises."""
+        value = ua.Variant(envelope, ua.VariantType.ByteString)
+        if self.command_owner is not None:
+            await self.command_owner.call_method(self.command_node, value)
+        else:
+            await self.command_node.write_value(ua.DataValue(value))
+
+    async def close(self) -> None:
+        if self.client is not None:
+            try:
+                await self.client.disconnect()
+            except Exception:  # the session is already gone; nothing to close cleanly
+                pass
+
+
+async def resolve_node(client: Client, text: str, field: str) -> ua.NodeId:
+    """NodeId from config text; `nsu=<uri>;...` is looked up in the server's namespace array."""
+    if text.startswith("nsu="):
+        uri, rest = text[4:].split(";", 1)
+        try:
+            idx = await client.get_namespace_index(uri)
+        except ValueError:
+            raise StartupError(f"{field}: the PLC has no namespace {uri!r}") from None
+        text = f"ns={idx};{rest}"
+    return ua.NodeId.from_string(text)
+
