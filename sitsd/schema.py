@@ -1,0 +1,335 @@
+"""The config's section models: signals and the constraint language, PLC, transports, timing, safety,
+attestation and the rest. Parsed once, frozen; `sitsd.config` loads files into them.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+_NODE_ID = re.compile(r"^(ns=\d+|nsu=[^;]+);[sigb]=.+$")
+
+
+def _check_node_id(v: str) -> str:
+    if not _NODE_ID.match(v):
+        raise ValueError("expected a NodeId string such as ns=2;s=Line.RollGapCommand "
+                         "or nsu=urn:plant:line;s=RollGapCommand")
+    return v
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Signal(_Section):
+    """One field of the frame. Types: float and int need min/max; enum lists its values; bool is 0/1;
+    bits gives the mask of bits that may be set. `on_invalid` says what a NaN, an Inf or a value of
+    the wrong type does: failsafe (drop the frame, send the fail-safe command), hold_last (use the
+    last accepted value and alert), or drop (drop the frame; consecutive drops lead to the fail-safe)."""
+
+    name: str = Field(pattern=_NAME)
+    unit: str
+    type: Literal["float", "int", "bool", "enum", "bits"] = "float"
+    min: float | None = None
+    max: float | None = None
+    values: list[float] | None = Field(default=None, min_length=1, description="enum: the allowed values")
+    mask: int | None = Field(default=None, ge=1, le=2**53 - 1, description="bits: the bits that may be set")
+    max_rate: float | None = Field(default=None, gt=0, description="largest change per second")
+    on_invalid: Literal["failsafe", "hold_last", "drop"] = "failsafe"
+
+    @model_validator(mode="after")
+    def _shape(self):
+        if self.type in ("float", "int"):
+            if self.min is None or self.max is None:
+                raise ValueError(f"a {self.type} signal needs min and max")
+            if not self.min < self.max:
+                raise ValueError(f"min ({self.min}) must be below max ({self.max})")
+        if self.type == "enum" and not self.values:
+            raise ValueError("an enum signal needs values: [..]")
+        if self.type != "enum" and self.values is not None:
+            raise ValueError(f"values only apply to enum signals, this one is {self.type}")
+        if self.type == "bits" and self.mask is None:
+            raise ValueError("a bits signal needs mask (the bits that may be set)")
+        if self.type != "bits" and self.mask is not None:
+            raise ValueError(f"mask only applies to bits signals, this one is {self.type}")
+        if self.type in ("enum", "bool", "bits") and (self.min is not None or self.max is not None):
+            raise ValueError(f"a {self.type} signal takes its range from its type; drop min/max")
+        return self
+
+    @property
+    def lower(self) -> float:
+        """Smallest admissible value (the range gate and the deploy-time solver use it)."""
+        if self.type == "enum":
+            return min(self.values)
+        if self.type in ("bool", "bits"):
+            return 0.0
+        return self.min
+
+    @property
+    def upper(self) -> float:
+        if self.type == "enum":
+            return max(self.values)
+        if self.type == "bool":
+            return 1.0
+        if self.type == "bits":
+            return float(self.mask)
+        return self.max
+
+
+_CONDITION = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(==|!=|<=|>=|<|>)\s*(-?[0-9.eE+-]+)\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    signal: str
+    op: str  # == != < <= > >=
+    value: float
+
+
+def parse_when(text: str) -> tuple[Condition, ...]:
+    """`mode == 2 and speed > 1.5` -> conditions that must all hold; ValueError says what is wrong."""
+    out = []
+    for part in re.split(r"\s+and\s+", text.strip()):
+        m = _CONDITION.match(part)
+        if not m:
+            raise ValueError(f"cannot read condition {part!r}: write <signal> <op> <number> with op one of "
+                             f"== != < <= > >=, joined by 'and' (e.g. mill_mode == 2 and strip_speed > 1)")
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            raise ValueError(f"condition {part!r}: {m.group(3)!r} is not a number") from None
+        out.append(Condition(m.group(1), m.group(2), value))
+    return tuple(out)
+
+
+class LinearConstraint(_Section):
+    """min <= sum(coefficients[s] * s) <= max over named signals (either bound may be omitted),
+    enforced only while every condition in `when` holds."""
+
+    name: str = Field(pattern=_NAME)
+    coefficients: dict[str, float] = Field(min_length=1)
+    max: float | None = None
+    min: float | None = None
+    when: str | None = Field(default=None, description="e.g. 'mill_mode == 2 and strip_speed > 1.0'")
+
+    @model_validator(mode="after")
+    def _bounds(self):
+        if self.max is None and self.min is None:
+            raise ValueError("a linear constraint needs max, min or both")
+        if self.max is not None and self.min is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        if self.when is not None:
+            parse_when(self.when)
+        return self
+
+    @property
+    def conditions(self) -> tuple[Condition, ...]:
+        return parse_when(self.when) if self.when else ()
+
+
+class Module(_Section):
+    name: str = Field(pattern=_NAME)
+    path: Path
+    stage: Literal["pre", "post"]
+
+
+class ModelSection(_Section):
+    artifact: Path
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    inputs: list[str] = Field(min_length=1)
+    outputs: list[str] = Field(min_length=1)
+
+    @field_validator("sha256", mode="before")
+    @classmethod
+    def _quoted(cls, v):
+        if v is not None and not isinstance(v, str):
+            raise ValueError("must be a quoted string of 64 lowercase hex digits (YAML read it as a number)")
+        return v
+
+
+class PlcSection(_Section):
+    """The PLC: its OPC UA endpoint and where commands go. Addresses are NodeIds (ns=/nsu=) or, for a
+    vendor profile, the vendor's own syntax (S7 `DB_AGC.RollGap`, Logix `Program:AGC.Gap`, MELSEC `D100`)."""
+
+    endpoint: str = Field(pattern=r"^opc\.tcp://")
+    profile: Literal["simulator", "s7-1500", "controllogix", "melsec-iq-r"]
+    command_mode: Literal["write", "method"] = Field(
+        default="write", description="write the envelope to a ByteString variable, or pass it to a method")
+    command_node: str = Field(min_length=1, description="the ByteString command variable (write) or the method")
+    command_object: str | None = Field(default=None, description="method mode: the object owning the method")
+    session_nonce_node: str | None = Field(default=None, description="tpm-session: the PLC's fresh nonce (ByteString)")
+    session_credential_node: str | None = Field(
+        default=None, description="tpm-session: where the quote-bound session credential is written (ByteString)")
+    status_node: str | None = Field(default=None, description="controller status word, decoded by the profile")
+    diagnostic_node: str | None = Field(default=None, description="latest diagnostic text, parsed by the profile")
+    security: Literal["none", "sign", "sign-and-encrypt"] = Field(
+        default="sign-and-encrypt", description="Basic256Sha256 message security of the OPC UA session")
+    pki_dir: Path = Field(default=Path("/etc/sitsd/pki"),
+                          description="own/cert.der, own/private/key.pem, trusted/certs, rejected/certs")
+    application_uri: str = Field(default="urn:sits2026:sitsd", min_length=1)
+    timeout_s: float = Field(default=4.0, gt=0)
+
+    @model_validator(mode="after")
+    def _method_needs_object(self):
+        if self.command_mode == "method" and not self.command_object:
+            raise ValueError("command_mode method needs command_object, the NodeId of the object the method "
+                             "belongs to")
+        return self
+
+    def node_id(self, address: str) -> str:
+        """NodeId text for an address: NodeIds pass through, anything else goes through the profile."""
+        if _NODE_ID.match(address):
+            return address
+        from plc.profiles import get_profile
+
+        return get_profile(self.profile).parse(address).node_id
+
+
+_ADDRESS_FIELDS = ("command_node", "command_object", "session_nonce_node", "session_credential_node", "status_node",
+                   "diagnostic_node")
+
+
+class UadpUdpTransport(_Section):
+    """UADP NetworkMessages over UDP (multicast or unicast), read by the loop thread itself."""
+
+    kind: Literal["uadp-udp"]
+    url: str = Field(pattern=r"^opc\.udp://")
+    interface: str = "0.0.0.0"
+    field_encoding: Literal["variant", "raw"] = Field(
+        default="variant", description="Double fields as Variants, or RawData (Annex A periodic fixed layouts)")
+    publisher_id: int = Field(ge=0, le=0xFFFF)
+    writer_group_id: int = Field(ge=0, le=0xFFFF)
+    dataset_writer_id: int = Field(ge=0, le=0xFFFF)
+
+
+class UadpEthTransport(_Section):
+    """UADP NetworkMessages directly over Ethernet (EtherType 0xB62C), VLAN PCP/VID kept; needs CAP_NET_RAW."""
+
+    kind: Literal["uadp-eth"]
+    url: str = Field(pattern=r"^opc\.eth://", description="opc.eth://<MAC>[:<VID>[.<PCP>]]")
+    interface: str = Field(min_length=1, max_length=15, description="network interface name, e.g. eth1")
+    field_encoding: Literal["variant", "raw"] = "variant"
+    publisher_id: int = Field(ge=0, le=0xFFFF)
+    writer_group_id: int = Field(ge=0, le=0xFFFF)
+    dataset_writer_id: int = Field(ge=0, le=0xFFFF)
+
+
+class OpcUaSubscriptionTransport(_Section):
+    """An OPC UA subscription on one array variable (signals in order, SourceTimestamp = send time)."""
+
+    kind: Literal["opcua-subscription"]
+    node: str
+    publishing_interval_ms: float = Field(default=1.0, ge=0)
+
+    @field_validator("node")
+    @classmethod
+    def _node_id(cls, v: str) -> str:
+        return _check_node_id(v)
+
+
+TransportSection = Annotated[UadpUdpTransport | UadpEthTransport | OpcUaSubscriptionTransport,
+                             Field(discriminator="kind")]
+_TRANSPORT_KINDS = ("uadp-udp", "uadp-eth", "opcua-subscription")
+
+
+class PtpSection(_Section):
+    """linuxptp's state, read with `pmc` over ptp4l's UNIX socket, and what to do when it is not locked."""
+
+    enabled: Literal["auto", "on", "off"] = Field(
+        default="auto", description="auto: watch if ptp4l answers; on: a missing ptp4l counts as unsynchronised")
+    uds: Path = Path("/var/run/ptp4l")
+    max_offset_ns: int = Field(default=1000, gt=0, description="largest |master offset| that counts as locked")
+    policy: Literal["warn", "drop", "failsafe"] = Field(
+        default="warn", description="unsynchronised clock: alert only, drop frames, or send the fail-safe")
+    poll_s: float = Field(default=1.0, gt=0)
+
+
+class TimingSection(_Section):
+    cycle_ms: float = Field(gt=0)
+    deadline_ms: float = Field(gt=0, description="budget from the PLC's send time to the command leaving")
+    max_transit_ms: float = Field(gt=0, description="largest RX stamp minus sender stamp")
+    max_future_ms: float = Field(default=1.0, ge=0)
+    max_age_ms: float | None = Field(default=None, gt=0,
+                                     description="largest age of a frame when the loop picks it up (stale)")
+    replay_window: int = Field(default=64, ge=1, le=32767, description="sequence numbers remembered per writer")
+    require_hardware_stamps: bool = False
+    max_consecutive_drops: int = Field(default=5, ge=1)
+    ptp: PtpSection = PtpSection()
+
+
+class Actuator(_Section):
+    output: str
+    min: float
+    max: float
+    max_rate: float | None = Field(default=None, gt=0, description="largest change per second")
+    failsafe: float
+    on_violation: Literal["clamp", "failsafe"] = Field(
+        default="clamp", description="a model output beyond the limits is clamped, or replaced by the fail-safe")
+
+    @model_validator(mode="after")
+    def _range(self):
+        if not self.min < self.max:
+            raise ValueError(f"min ({self.min}) must be below max ({self.max})")
+        if not self.min <= self.failsafe <= self.max:
+            raise ValueError(f"failsafe {self.failsafe} lies outside [{self.min}, {self.max}]")
+        return self
+
+
+class SafetySection(_Section):
+    actuators: list[Actuator] = Field(min_length=1)
+
+
+class AttestationSection(_Section):
+    """mode tpm2 signs with TPM-anchored keys: `tpm-session` (default) quotes a per-start session key once
+    (the PLC checks the quote via plc.session_nonce_node/session_credential_node) and signs each command
+    with it in microseconds; `tpm-direct` runs TPM2_Sign for every command. software: development only."""
+
+    mode: Literal["tpm2", "software"]
+    signing: Literal["tpm-session", "tpm-direct"] = "tpm-session"
+    tcti: str | None = None
+    key_handle: int = Field(default=0x81000001, ge=0x81000000, le=0x81FFFFFF)
+    ak_handle: int = Field(default=0x81000002, ge=0x81000000, le=0x81FFFFFF,
+                           description="restricted attestation key that quotes the session key")
+
+    @model_validator(mode="after")
+    def _tcti(self):
+        if self.mode == "tpm2" and not self.tcti:
+            raise ValueError("mode tpm2 needs tcti: device:/dev/tpmrm0 for a real TPM, swtpm:path=<socket> for swtpm")
+        return self
+
+
+class AuditSection(_Section):
+    directory: Path
+    fsync: Literal["every", "interval", "never"] = Field(
+        default="interval", description="durability: every record, at least once a second, or left to the kernel")
+
+
+class ControlSection(_Section):
+    socket: Path
+
+
+class RuntimeSection(_Section):
+    """Scheduling of the loop thread. Both need the privileges the unit grants (LimitRTPRIO=, CPUAffinity=)."""
+
+    loop_cpu: int | None = Field(default=None, ge=0, description="pin the loop thread to this CPU")
+    realtime_priority: int | None = Field(default=None, ge=1, le=99, description="SCHED_FIFO priority of the loop")
+
+
+class MetricsSection(_Section):
+    """Prometheus text exposition at http://host:port/metrics (served off the loop thread)."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = Field(default=9464, ge=0, le=65535, description="0 picks a free port (tests)")
+
+
+class LoggingSection(_Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
