@@ -4,6 +4,7 @@ The input and output numpy arrays are allocated once and bound to the session th
 IOBinding (OrtValues that share their memory), so a call is: write the input array in
 place, `run()`, read the output array. A self-test at load compares that path with a plain
 `InferenceSession.run` so a binding that silently copies would be caught before serving.
+The model is a plain .onnx file or an artifact directory from `sitsctl compile` (`ep.artifact`).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from .artifact import resolve_model
 from .errors import ModelLoadError
 
 
@@ -24,19 +26,35 @@ def sha256_file(path: str | Path) -> bytes:
     return h.digest()
 
 
+def session_options(threads: int = 1, fp8_storage: bool = False) -> ort.SessionOptions:
+    """The options every SITS session uses; `fp8_storage` folds float8 DequantizeLinear at load."""
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    so.log_severity_level = 3
+    if fp8_storage:
+        so.add_session_config_entry("session.disable_quant_qdq", "1")
+    return so
+
+
 class ModelRunner:
-    def __init__(self, path: str | Path, n_inputs: int, n_outputs: int, threads: int = 1) -> None:
+    """`path` is an ONNX file or an artifact directory made by `sitsctl compile` (`ep.artifact`).
+
+    For a file, `sha256` is the SHA-256 of its bytes. For an artifact, every hash is verified first
+    (`ep.artifact.load_artifact`, `ArtifactError` naming the file or chunk at fault), `sha256` is the
+    artifact SHA-256 defined by the manifest, and `manifest` holds it. FP8 is storage here: FP8
+    artifacts are loaded with `session.disable_quant_qdq=1`, so ONNX Runtime folds each
+    `DequantizeLinear(float8)` into an FP32 weight at load and runs FP32 kernels (FP32 speed and RAM;
+    the CPU has no FP8 arithmetic); the FP8 format only makes the file smaller.
+    """
+
+    def __init__(self, path: str | Path, n_inputs: int, n_outputs: int, threads: int = 1,
+                 expected_sha256: str | None = None) -> None:
         self.path = Path(path)
-        if not self.path.is_file():
-            raise ModelLoadError(f"model {self.path}: file not found (set model.artifact in the config)")
-        data = self.path.read_bytes()
-        self.sha256 = hashlib.sha256(data).digest()
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-        so.log_severity_level = 3
+        data, self.sha256, self.manifest = resolve_model(self.path, expected_sha256)
+        so = session_options(threads, fp8_storage=self.manifest is not None and self.manifest.fp8)
         try:
             self.session = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/InvalidProtobuf types

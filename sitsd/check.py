@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ep.artifact import resolve_model
 from ep.bounds import BoundsError, prove
+from ep.errors import ModelLoadError
 
 from .config import Config
 from .gates.solver import check_constraints, report_text
@@ -41,8 +43,9 @@ def run_check(cfg: Config, max_splits: int = 256) -> dict:
     out_lo = np.array([limits[o][0] for o in cfg.model.outputs])
     out_hi = np.array([limits[o][1] for o in cfg.model.outputs])
     try:
-        proof = prove(cfg.model.artifact, lower, upper, out_lo, out_hi, max_splits=max_splits)
-    except BoundsError as exc:
+        model_bytes = resolve_model(cfg.model.artifact)[0]  # a compiled artifact: its deployed (dequantized) weights
+        proof = prove(model_bytes, lower, upper, out_lo, out_hi, max_splits=max_splits)
+    except (BoundsError, ModelLoadError) as exc:
         report.append(f"model bounds: cannot analyse {cfg.model.artifact}: {exc}")
         return {**result, "bounds_error": str(exc), "report": "\n".join(report)}
     result.update({

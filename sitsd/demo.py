@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TextIO
 
 from attestation.signers import SoftwareSigner
-from ep.session import sha256_file
+from ep.artifact import resolve_model
 
 from .config import Config, load_config
 from .daemon import Daemon
@@ -146,10 +146,10 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
             say("WARNING: swtpm is not installed: commands are signed with a software Ed25519 key, "
                 "not a TPM-anchored one (apt-get install swtpm swtpm-tools)")
             attestation = {"attestation.mode": "software"}
-        base = load_config(config_path)
+        base = load_config(config_path, overrides)  # the model the demo runs may be overridden
         group = f"239.255.{random.randint(1, 254)}.{random.randint(1, 254)}"
         udp_url = f"opc.udp://{group}:{_free_udp_port()}"
-        model_sha = sha256_file(base.model.artifact).hex()
+        model_sha = resolve_model(base.model.artifact)[1].hex()  # a file's hash, or a compiled artifact's
         session = hasattr(signer, "bind")
         key_path = workdir / ("device.pub.pem" if session else "signer.pub.pem")
         key_path.write_bytes(signer.device_public_key_pem() if session else signer.public_key_pem())

@@ -86,3 +86,29 @@ def test_ten_times_the_nominal_frame_rate_is_absorbed_by_bounded_queues():
     in_flight = r["submitted"] - (r["commands"] - 1) - r["expired"] - r["write_errors"]  # -1: startup command
     assert 0 <= in_flight <= QUEUE_DEPTH + 1
     assert r["thickness_error_um"]["closed_loop"] < r["thickness_error_um"]["open_loop"]
+
+
+def test_the_daemon_runs_a_compiled_fp8_artifact(tmp_path):
+    """`sitsctl compile` output goes through the same loader the daemon uses; the PLC checks its hash."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from ep.artifact import resolve_model
+
+    from ..conftest import DEMO_MODEL, REPO
+
+    rng = np.random.default_rng(5)
+    lo, hi = np.array([3.9, 2.95, 1.3, 7000, 100, 2.5]), np.array([4.1, 3.05, 1.5, 9500, 140, 2.8])
+    np.save(tmp_path / "calibration.npy", (lo + (hi - lo) * rng.random((256, 6))).astype(np.float32))
+    r = subprocess.run([sys.executable, "-m", "sitsd.cli", "compile", str(DEMO_MODEL), "--target", "cpu",
+                        "--quantization", "fp8-adaptive", "--calibration", str(tmp_path / "calibration.npy"),
+                        "--output", str(tmp_path / "artifact")], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stdout + r.stderr
+    artifact_sha = resolve_model(tmp_path / "artifact")[1].hex()
+    result = run_demo(seconds=3, progress=None, force_software=True, security="none",
+                      overrides={"model.artifact": str(tmp_path / "artifact")})
+    assert result["model_sha256"] == artifact_sha
+    assert result["commands"] > 100 and result["rejected_by_plc"] == 0
+    assert result["thickness_error_um"]["closed_loop"] < result["thickness_error_um"]["open_loop"]
