@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 
 from cryptography.hazmat.primitives import serialization
 
@@ -40,6 +41,8 @@ class TpmSigner:
         self.tcti = tcti
         self.key_handle = key_handle
         self._lock = threading.Lock()
+        self._last_reopen = 0.0
+        self.reconnects = 0
         try:
             self._esapi = t.ESAPI(tcti)
         except Exception as exc:  # TSS2_Exception or TCTI load failure
@@ -95,10 +98,43 @@ class TpmSigner:
             try:
                 sig = self._esapi.sign(self._key, t.TPM2B_DIGEST(digest), self._scheme, self._ticket)
             except t.TSS2_Exception as exc:
-                raise TpmError(f"TPM2_Sign with key 0x{self.key_handle:08x} through {self.tcti!r} failed: {exc}") from exc
+                # the TPM (or its resource manager / swtpm) went away: reopen the context, at most a
+                # few times a second, and retry once; the key is persistent, so it is found again
+                if not self._reopen():
+                    raise TpmError(f"TPM2_Sign with key 0x{self.key_handle:08x} through {self.tcti!r} failed: "
+                                   f"{exc}") from exc
+                try:
+                    sig = self._esapi.sign(self._key, t.TPM2B_DIGEST(digest), self._scheme, self._ticket)
+                except t.TSS2_Exception as exc2:
+                    raise TpmError(f"TPM2_Sign with key 0x{self.key_handle:08x} through {self.tcti!r} failed "
+                                   f"after reconnecting: {exc2}") from exc2
         r = int.from_bytes(bytes(sig.signature.ecdsa.signatureR), "big")
         s = int.from_bytes(bytes(sig.signature.ecdsa.signatureS), "big")
         return assemble(parts, es256_signature(r, s))  # COSE wants r||s, not DER
+
+    def _reopen(self, min_interval_s: float = 0.2) -> bool:
+        """A fresh ESAPI context and key handle after an I/O failure (caller holds the lock)."""
+        now = time.monotonic()
+        if now - self._last_reopen < min_interval_s:
+            return False
+        self._last_reopen = now
+        t = _tss()
+        try:
+            esapi = t.ESAPI(self.tcti)
+        except Exception:  # TCTI load or connect failure: still gone
+            return False
+        try:
+            key = esapi.tr_from_tpmpublic(self.key_handle)
+        except Exception:
+            esapi.close()
+            return False
+        old, self._esapi, self._key = self._esapi, esapi, key
+        try:
+            old.close()
+        except Exception:  # the old context's connection is already dead
+            pass
+        self.reconnects += 1
+        return True
 
     def close(self) -> None:
         with self._lock:

@@ -227,3 +227,51 @@ def test_kill_9_loses_no_acknowledged_record_and_the_restart_resumes_the_chain(p
     stats = json.loads(sim.stdout.readline())["stats"]
     assert stats["rejected"] == 0  # the restarted daemon was not taken for a replay
     assert stats["accepted"] >= len(first_records) + 50
+
+
+def test_tpm_lost_mid_run_then_back(plcsim, tmp_path):
+    """tpm-direct: while the TPM is gone nothing unsigned leaves (sign errors and alerts), the PLC falls
+    back to its safe setpoint on its own, and signing resumes when the TPM returns. The daemon stays up."""
+    import json
+    import signal
+    import time
+
+    from attestation.tpm import Swtpm, TpmSigner
+    from sitsd.control import request
+
+    tpm = Swtpm(tmp_path / "tpm").start()  # a state directory of ours: the device key survives a restart
+    key = TpmSigner(tpm.tcti)
+    (tmp_path / "device.pem").write_bytes(key.public_key_pem())
+    key.close()
+    audit, control = tmp_path / "audit", tmp_path / "c.sock"
+    endpoint, udp_url, sim = plcsim(tmp_path / "device.pem")
+    proc = subprocess.Popen(sitsd_args(EXAMPLE_CONFIG, plc__endpoint=endpoint, transport__url=udp_url,
+                                       attestation__tcti=tpm.tcti, attestation__signing="tpm-direct",
+                                       plc__security="none", audit__directory=audit, control__socket=control),
+                            stderr=open(tmp_path / "log", "wb"), cwd=REPO)
+    try:
+        deadline = time.monotonic() + 60
+        while "sitsd ready" not in (tmp_path / "log").read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, (tmp_path / "log").read_text()
+            time.sleep(0.1)
+        time.sleep(0.5)
+        tpm.stop()  # the TPM goes away
+        time.sleep(1.0)
+        gone = request(control, "status")
+        assert gone["counters"]["sign_errors"] > 20 and gone["alerts"].get("sign", 0) > 20
+        assert proc.poll() is None
+        tpm = Swtpm(tmp_path / "tpm").start()  # ... and comes back with its state
+        time.sleep(1.5)
+        back = request(control, "status")
+        assert back["counters"]["commands"] > gone["counters"]["commands"] + 50
+        errors = back["counters"]["sign_errors"]
+        time.sleep(0.5)
+        assert request(control, "status")["counters"]["sign_errors"] == errors  # no new errors: recovered
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+        tpm.stop()
+    sim.stdin.write("stats\n")
+    sim.stdin.flush()
+    stats = json.loads(sim.stdout.readline())["stats"]
+    assert stats["fallbacks"] >= 1 and stats["rejected"] == 0  # the PLC went to its safe setpoint meanwhile
