@@ -7,3 +7,8 @@ class EpError(Exception):
 
 class ModelLoadError(EpError):
     """A model file is missing, is not ONNX, or does not fit the signals the config declares."""
+
+
+class CompileError(EpError):
+    """`sitsctl compile` cannot proceed: missing or non-ONNX input, bad calibration data, an
+    unsupported target or a pass that failed; the message says which and what to do."""

@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from .common import CompileError
+from ..errors import CompileError
 from .pipeline import KV_CACHE_POLICIES, MODES, TARGETS, compile_model
 
 EPILOG = """examples:

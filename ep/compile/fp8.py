@@ -24,7 +24,8 @@ import ml_dtypes
 import numpy as np
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
-from .common import CompileError, Names, op_key
+from ..errors import CompileError
+from .graph import Names, op_key
 
 FORMATS = {  # name in the manifest -> (ml_dtypes type, fmax, ONNX type)
     "float8e4m3fn": (ml_dtypes.float8_e4m3fn, 448.0, TensorProto.FLOAT8E4M3FN),

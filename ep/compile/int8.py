@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, numpy_helper
 
-from .common import CompileError
+from ..errors import CompileError
 from .fp8 import _rel, candidates
 
 SCALE_LAYOUT = ("per-channel: float32 scale [N] and int8 zero point [N] over output channels; activations "

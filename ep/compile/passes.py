@@ -11,7 +11,8 @@ import numpy as np
 import onnx
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
-from .common import CompileError, Names, attrs, count_ops, subgraph_inputs
+from ..errors import CompileError
+from .graph import Names, attrs, count_ops, subgraph_inputs
 
 _DEFAULT = ("", "ai.onnx")
 _NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",

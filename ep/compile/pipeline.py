@@ -47,7 +47,8 @@ from ..container import write_container
 from ..session import session_options
 from . import fp8 as fp8_mod
 from . import int8 as int8_mod
-from .common import CompileError, count_ops
+from ..errors import CompileError
+from .graph import count_ops
 from .passes import (eliminate_dead_code, fold_constants, gemm_to_matmul, infer_shapes, initializers_not_inputs,
                      load_model, run_pass, upgrade_opset)
 

@@ -1,16 +1,9 @@
-"""Shared helpers of the compile passes: errors, operator counts, name generation."""
+"""Graph inspection for the compile passes: operator counts, subgraph inputs, attributes, fresh names."""
 from __future__ import annotations
 
 from collections import Counter
 
 from onnx import GraphProto, ModelProto, helper
-
-from ..errors import EpError
-
-
-class CompileError(EpError):
-    """`sitsctl compile` cannot proceed: missing or non-ONNX input, bad calibration data, an
-    unsupported target or a pass that failed; the message says which and what to do."""
 
 
 def op_key(node) -> str:
