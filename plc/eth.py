@@ -14,10 +14,9 @@ import struct
 import time
 from dataclasses import dataclass
 
-import numpy as np
-
-from .errors import TransportError, UadpDecodeError
+from .errors import TransportError
 from .frame import Frame
+from .socket_source import UadpSocketSource
 from .uadp import FixedLayout
 from .timestamps import RX_TIMESTAMPING_FLAGS, SO_TIMESTAMPING, rx_stamp_from_cmsg
 
@@ -67,15 +66,12 @@ def _interface_mac(sock: socket.socket) -> bytes:
     return sock.getsockname()[4][:6]
 
 
-class EthFrameSource:
+class EthFrameSource(UadpSocketSource):
     """Reads UADP messages of one fixed layout from an interface, on the calling thread."""
 
     def __init__(self, url: str, interface: str, layout: FixedLayout,
                  publisher_id: int | None = None, writer_id: int | None = None) -> None:
         self.address = parse_eth_url(url)
-        self.layout = layout
-        self._publisher_id = publisher_id
-        self._writer_id = writer_id
         try:
             sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
         except PermissionError as exc:
@@ -91,14 +87,8 @@ class EthFrameSource:
         except OSError as exc:
             sock.close()
             raise TransportError(f"{url}: cannot listen on interface {interface!r}: {exc}") from exc
-        self._sock = sock
+        super().__init__(sock, layout, publisher_id, writer_id, buffer_size=9216)
         self._own_mac = _interface_mac(sock)
-        self._buffer = bytearray(9216)
-        self._view = memoryview(self._buffer)
-        self._values = np.zeros(layout.field_count, dtype=np.float64)
-        self.malformed = 0
-        self.foreign = 0
-        self.last_error: UadpDecodeError | None = None
         self.last_vid = -1
 
     def receive(self, timeout_s: float) -> Frame | None:
@@ -132,31 +122,10 @@ class EthFrameSource:
             payload = buf[start:nbytes]
             if len(payload) > self.layout.size and len(payload) <= _MIN_PAYLOAD:
                 payload = payload[:self.layout.size]  # minimum-size frame: the rest is padding
-            try:
-                publisher_id, _g, writer_id, _n, ds_seq, sent_ns = self.layout.decode_into(payload, self._values)
-            except UadpDecodeError as exc:
-                self.malformed += 1
-                self.last_error = exc
-                continue
-            if (self._publisher_id is not None and publisher_id != self._publisher_id) or (
-                    self._writer_id is not None and writer_id != self._writer_id):
-                self.foreign += 1
-                continue
-            self.last_vid = tci & 0x0FFF if tci >= 0 else -1
-            return Frame(publisher_id, writer_id, ds_seq, sent_ns, rx_ns, source, self._values,
-                         vlan_pcp=tci >> 13 if tci >= 0 else -1)
-
-    def discard_pending(self) -> int:
-        dropped = 0
-        while True:
-            try:
-                self._sock.recv_into(self._buffer, 0, socket.MSG_DONTWAIT)
-                dropped += 1
-            except (BlockingIOError, InterruptedError):
-                return dropped
-
-    def close(self) -> None:
-        self._sock.close()
+            frame = self._frame(payload, rx_ns, source, tci >> 13 if tci >= 0 else -1)
+            if frame is not None:
+                self.last_vid = tci & 0x0FFF if tci >= 0 else -1
+                return frame
 
 
 def qdisc_kinds(interface: str) -> list[str]:

@@ -10,10 +10,9 @@ import ipaddress
 import socket
 from urllib.parse import urlparse
 
-import numpy as np
-
-from .errors import TransportError, UadpDecodeError
+from .errors import TransportError
 from .frame import Frame
+from .socket_source import UadpSocketSource
 from .timestamps import RX_TIMESTAMPING_FLAGS, SO_TIMESTAMPING, rx_stamp_from_cmsg
 from .uadp import FixedLayout
 
@@ -36,15 +35,12 @@ def parse_udp_url(url: str) -> tuple[str, int]:
     return parsed.hostname, port
 
 
-class UdpFrameSource:
+class UdpFrameSource(UadpSocketSource):
     """Reads UADP messages of one fixed layout from a UDP socket on the calling thread."""
 
     def __init__(self, url: str, layout: FixedLayout, interface: str = "0.0.0.0",
                  publisher_id: int | None = None, writer_id: int | None = None) -> None:
         self.url = url
-        self.layout = layout
-        self._publisher_id = publisher_id
-        self._writer_id = writer_id
         host, port = parse_udp_url(url)
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
@@ -58,14 +54,8 @@ class UdpFrameSource:
         except OSError as exc:
             sock.close()
             raise TransportError(f"{url}: cannot open UDP receiver on interface {interface}: {exc}") from exc
-        self._sock = sock
+        super().__init__(sock, layout, publisher_id, writer_id, buffer_size=65536)
         self.port = sock.getsockname()[1]
-        self._buffer = bytearray(65536)
-        self._view = memoryview(self._buffer)
-        self._values = np.zeros(layout.field_count, dtype=np.float64)
-        self.malformed = 0
-        self.foreign = 0
-        self.last_error: UadpDecodeError | None = None
 
     def receive(self, timeout_s: float) -> Frame | None:
         """Next frame, or None after `timeout_s` without one. `Frame.values` is reused by the next call.
@@ -80,31 +70,9 @@ class UdpFrameSource:
             except (TimeoutError, BlockingIOError):
                 return None
             rx_ns, source = rx_stamp_from_cmsg(ancdata)
-            try:
-                publisher_id, _group, writer_id, _net_seq, ds_seq, sent_ns = self.layout.decode_into(
-                    self._view[:nbytes], self._values)
-            except UadpDecodeError as exc:
-                self.malformed += 1
-                self.last_error = exc
-                continue
-            if (self._publisher_id is not None and publisher_id != self._publisher_id) or (
-                    self._writer_id is not None and writer_id != self._writer_id):
-                self.foreign += 1
-                continue
-            return Frame(publisher_id, writer_id, ds_seq, sent_ns, rx_ns, source, self._values)
-
-    def discard_pending(self) -> int:
-        """Drop datagrams queued before the consumer was ready (they predate it); returns how many."""
-        dropped = 0
-        while True:
-            try:
-                self._sock.recv_into(self._buffer, 0, socket.MSG_DONTWAIT)
-                dropped += 1
-            except (BlockingIOError, InterruptedError):
-                return dropped
-
-    def close(self) -> None:
-        self._sock.close()
+            frame = self._frame(self._view[:nbytes], rx_ns, source)
+            if frame is not None:
+                return frame
 
 
 class UdpPublisher:

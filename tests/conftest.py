@@ -105,3 +105,14 @@ def random_suffix() -> str:
     import random
 
     return f"{random.randint(0, 9999):04d}"
+
+
+def wait_ready(proc, log: Path, timeout_s: float = 60.0) -> None:
+    """Until a sitsd process has logged "sitsd ready" (its loop runs); fails with its log if it exits or stalls."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while "sitsd ready" not in log.read_text():
+        assert proc.poll() is None, f"sitsd exited with {proc.returncode}:\n{log.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, f"sitsd not ready after {timeout_s} s:\n{log.read_text()[-2000:]}"
+        time.sleep(0.1)

@@ -13,13 +13,13 @@ from .propagate import crown, ibp
 from .rounding import float32_enclosure
 
 
-@dataclass
-class Analysis:
+class Widths:
+    """Total widths of the IBP and CROWN output bounds (the sum over outputs): how tight each is."""
+
     ibp_lower: np.ndarray
     ibp_upper: np.ndarray
     crown_lower: np.ndarray
     crown_upper: np.ndarray
-    seconds: float
 
     @property
     def ibp_width(self) -> float:
@@ -28,6 +28,15 @@ class Analysis:
     @property
     def crown_width(self) -> float:
         return float(np.sum(self.crown_upper - self.crown_lower))
+
+
+@dataclass
+class Analysis(Widths):
+    ibp_lower: np.ndarray
+    ibp_upper: np.ndarray
+    crown_lower: np.ndarray
+    crown_upper: np.ndarray
+    seconds: float
 
 
 def prepare_box(graph: Graph, lower, upper) -> tuple[np.ndarray, np.ndarray]:

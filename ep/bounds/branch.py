@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .analysis import prepare_box
+from .analysis import Widths, prepare_box
 from .empirical import EmpiricalCheck, Runtime, check_bounds
 from .errors import BoundsError
 from .graph import ModelLike, load_graph
@@ -53,7 +53,7 @@ class Leaf:
 
 
 @dataclass
-class ProofResult:
+class ProofResult(Widths):
     proven: bool
     method: str                  # "ibp", "crown" or "crown+split" (what settled it, or was tried last)
     box_lower: np.ndarray        # the analysed box (the request widened to float32 values)
@@ -75,14 +75,6 @@ class ProofResult:
     empirical: EmpiricalCheck | None = None
     proven_fraction: float = 0.0                    # share of the box volume whose leaves are proven
     seconds: float = 0.0
-
-    @property
-    def ibp_width(self) -> float:
-        return float(np.sum(self.ibp_upper - self.ibp_lower))
-
-    @property
-    def crown_width(self) -> float:
-        return float(np.sum(self.crown_upper - self.crown_lower))
 
     @property
     def width(self) -> float:

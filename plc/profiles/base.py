@@ -138,3 +138,53 @@ def format_node_id(namespace_index: int | None, namespace_uri: str | None, ident
     if namespace_uri:
         return f"nsu={namespace_uri};s={identifier}"
     return f"ns={namespace_index};s={identifier}"
+
+
+class ProfileBase:
+    """What the profiles share: failure messages, format, node_id_for, and the data-driven diagnostics.
+
+    A subclass sets `name`, `vendor`, `prefix`, `example` (a valid address shown in errors) and
+    implements `parse` and `parse_node_id`; data-driven profiles set `self.data` and `self.rules`.
+    """
+
+    name: str
+    vendor: str
+    prefix: str
+    example: str
+
+    def _fail(self, text: str) -> Callable[[str, int], ProfileError]:
+        return lambda reason, offset: ProfileError(reason, profile=self.name, address=text, offset=offset,
+                                                   example=self.example)
+
+    def format(self, address: Address | str) -> str:
+        if isinstance(address, str):
+            return self.parse(address).text
+        if address.profile != self.name:
+            raise ProfileError(f"address belongs to profile {address.profile!r}", profile=self.name,
+                               example=self.example)
+        return address.text
+
+    def node_id_for(self, signal_name: str) -> str:
+        return self.parse(signal_name).node_id
+
+    def _prefixed_node_id(self, node_id: str, namespace_index: int, node_prefix: str, what: str) -> Cursor:
+        """For `ns=<index>;s=<prefix><address>` NodeIds: check namespace and prefix, return a cursor at the
+        address. `what` names the server side in errors ("gateway", "module")."""
+        fail = self._fail(node_id)
+        index, uri, identifier, offset = split_node_id(node_id, fail)
+        if uri is not None:
+            raise fail("this profile uses 'ns=<index>;' NodeIds", 0)
+        if index != namespace_index:
+            raise fail(f"namespace index {index} is not the {what} namespace index {namespace_index}", 3)
+        if not identifier.startswith(node_prefix):
+            raise fail(f"expected the {what} prefix {node_prefix!r}", offset)
+        return Cursor(node_id, fail, offset + len(node_prefix))
+
+    def parse_diagnostic(self, text: str, timestamp_ns: int = 0) -> PlcEvent:
+        return self.rules.match(text, timestamp_ns)
+
+    def example_status(self) -> tuple[int, ...]:
+        return tuple(int(v, 16) for v in self.data["status_examples"])
+
+    def example_diagnostics(self) -> tuple[str, ...]:
+        return tuple(self.data["diagnostic_examples"])

@@ -5,8 +5,7 @@ Linx `[Shortcut]Tag` items; the shortcut, or a prefix such as KEPServerEX's `Cha
 """
 from __future__ import annotations
 
-from .base import Address, Cursor, format_node_id, load_data, split_node_id
-from .errors import ProfileError
+from .base import Address, Cursor, ProfileBase, format_node_id, load_data
 from .events import DiagnosticRules, PlcEvent, StatusBits
 
 DATA_FILE = "controllogix.json"
@@ -23,12 +22,13 @@ def _digit(c: str) -> bool:
     return c.isascii() and c.isdigit()
 
 
-class LogixProfile:
+class LogixProfile(ProfileBase):
     """ControlLogix tags through an OPC UA gateway (FactoryTalk Linx Gateway, KEPServerEX, ...)."""
 
     name = "controllogix"
     vendor = "Rockwell Automation"
     prefix = "LOGIX"
+    example = _EXAMPLE
 
     def __init__(self, namespace_index: int | None = None, shortcut: str | None = None,
                  prefix: str | None = None) -> None:
@@ -47,10 +47,6 @@ class LogixProfile:
                                       "minor_faults": self.data["minor_faults"]})
 
     # -- addresses -----------------------------------------------------------------------------
-
-    def _fail(self, text: str):
-        return lambda reason, offset: ProfileError(reason, profile=self.name, address=text, offset=offset,
-                                                   example=_EXAMPLE)
 
     def _name(self, cur: Cursor, what: str) -> str:
         start = cur.pos
@@ -126,26 +122,9 @@ class LogixProfile:
     def parse(self, address: str) -> Address:
         return self._address(*self._parse(Cursor(address, self._fail(address))))
 
-    def format(self, address: Address | str) -> str:
-        if isinstance(address, str):
-            return self.parse(address).text
-        if address.profile != self.name:
-            raise ProfileError(f"address belongs to profile {address.profile!r}", profile=self.name, example=_EXAMPLE)
-        return address.text
-
     def parse_node_id(self, node_id: str) -> Address:
-        fail = self._fail(node_id)
-        index, uri, identifier, offset = split_node_id(node_id, fail)
-        if uri is not None:
-            raise fail("this profile uses 'ns=<index>;' NodeIds", 0)
-        if index != self.namespace_index:
-            raise fail(f"namespace index {index} is not the gateway namespace index {self.namespace_index}", 3)
-        if not identifier.startswith(self.node_prefix):
-            raise fail(f"expected the item prefix {self.node_prefix!r}", offset)
-        return self._address(*self._parse(Cursor(node_id, fail, offset + len(self.node_prefix))))
-
-    def node_id_for(self, signal_name: str) -> str:
-        return self.parse(signal_name).node_id
+        return self._address(*self._parse(self._prefixed_node_id(node_id, self.namespace_index, self.node_prefix,
+                                                                  "gateway")))
 
     # -- events --------------------------------------------------------------------------------
 
@@ -153,11 +132,3 @@ class LogixProfile:
         """CIP Identity Status word -> extended device status event plus one event per fault bit."""
         return self.status.decode(word, timestamp_ns)
 
-    def parse_diagnostic(self, text: str, timestamp_ns: int = 0) -> PlcEvent:
-        return self.rules.match(text, timestamp_ns)
-
-    def example_status(self) -> tuple[int, ...]:
-        return tuple(int(v, 16) for v in self.data["status_examples"])
-
-    def example_diagnostics(self) -> tuple[str, ...]:
-        return tuple(self.data["diagnostic_examples"])

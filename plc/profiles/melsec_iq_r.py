@@ -5,8 +5,7 @@ decimal or hexadecimal numbering, is data (melsec_iq_r.json, from the SLMP devic
 """
 from __future__ import annotations
 
-from .base import Address, Cursor, format_node_id, load_data, split_node_id
-from .errors import ProfileError
+from .base import Address, Cursor, ProfileBase, format_node_id, load_data
 from .events import DiagnosticRules, PlcEvent, StatusBits
 
 DATA_FILE = "melsec_iq_r.json"
@@ -14,12 +13,13 @@ _HEX = "0123456789ABCDEF"
 _EXAMPLE = "D100 (decimal word), X1F (hexadecimal bit), D100.F (bit F of D100)"
 
 
-class MelsecProfile:
+class MelsecProfile(ProfileBase):
     """MELSEC iQ-R device addresses; `prefix` is whatever the OPC UA module puts before the device text."""
 
     name = "melsec-iq-r"
     vendor = "Mitsubishi Electric"
     prefix = "MELSEC"
+    example = _EXAMPLE
 
     def __init__(self, namespace_index: int | None = None, prefix: str | None = None) -> None:
         self.data = load_data(DATA_FILE)
@@ -43,10 +43,6 @@ class MelsecProfile:
         return self.devices[symbol.upper()]
 
     # -- addresses -----------------------------------------------------------------------------
-
-    def _fail(self, text: str):
-        return lambda reason, offset: ProfileError(reason, profile=self.name, address=text, offset=offset,
-                                                   example=_EXAMPLE)
 
     def _symbol(self, cur: Cursor) -> str:
         rest = cur.text[cur.pos:].upper()
@@ -110,26 +106,9 @@ class MelsecProfile:
     def parse(self, address: str) -> Address:
         return self._address(*self._parse(Cursor(address, self._fail(address))))
 
-    def format(self, address: Address | str) -> str:
-        if isinstance(address, str):
-            return self.parse(address).text
-        if address.profile != self.name:
-            raise ProfileError(f"address belongs to profile {address.profile!r}", profile=self.name, example=_EXAMPLE)
-        return address.text
-
     def parse_node_id(self, node_id: str) -> Address:
-        fail = self._fail(node_id)
-        index, uri, identifier, offset = split_node_id(node_id, fail)
-        if uri is not None:
-            raise fail("this profile uses 'ns=<index>;' NodeIds", 0)
-        if index != self.namespace_index:
-            raise fail(f"namespace index {index} is not the module namespace index {self.namespace_index}", 3)
-        if not identifier.startswith(self.node_prefix):
-            raise fail(f"expected the prefix {self.node_prefix!r}", offset)
-        return self._address(*self._parse(Cursor(node_id, fail, offset + len(self.node_prefix))))
-
-    def node_id_for(self, signal_name: str) -> str:
-        return self.parse(signal_name).node_id
+        return self._address(*self._parse(self._prefixed_node_id(node_id, self.namespace_index, self.node_prefix,
+                                                                  "module")))
 
     # -- events --------------------------------------------------------------------------------
 
@@ -137,11 +116,3 @@ class MelsecProfile:
         """SM0..SM15 read as one word -> SM0/SM1 events."""
         return self.status.decode(word, timestamp_ns)
 
-    def parse_diagnostic(self, text: str, timestamp_ns: int = 0) -> PlcEvent:
-        return self.rules.match(text, timestamp_ns)
-
-    def example_status(self) -> tuple[int, ...]:
-        return tuple(int(v, 16) for v in self.data["status_examples"])
-
-    def example_diagnostics(self) -> tuple[str, ...]:
-        return tuple(self.data["diagnostic_examples"])

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import re
 
-from .base import Address, Cursor, format_node_id, load_data, split_node_id
-from .errors import ProfileError
+from .base import Address, Cursor, ProfileBase, format_node_id, load_data, split_node_id
 from .events import DiagnosticRules, PlcEvent, event_from_entry, unknown_event
 
 DATA_FILE = "s7_1500.json"
@@ -26,12 +25,13 @@ def _is_ident_char(c: str) -> bool:
     return c.isascii() and (c.isalnum() or c == "_")
 
 
-class S7Profile:
+class S7Profile(ProfileBase):
     """S7-1500 OPC UA profile; `namespace_index` is where the Siemens namespace sits (3 unless changed)."""
 
     name = "s7-1500"
     vendor = "Siemens"
     prefix = "S7"
+    example = _EXAMPLE
 
     def __init__(self, namespace_index: int | None = None, use_namespace_uri: bool = False) -> None:
         self.data = load_data(DATA_FILE)
@@ -44,10 +44,6 @@ class S7Profile:
         self.rules = DiagnosticRules(self.vendor, self.prefix, self.data["diagnostic_rules"])
 
     # -- addresses -----------------------------------------------------------------------------
-
-    def _fail(self, text: str):
-        return lambda reason, offset: ProfileError(reason, profile=self.name, address=text, offset=offset,
-                                                   example=_EXAMPLE)
 
     def _parse_parts(self, cur: Cursor) -> list[Part]:
         if cur.eof:
@@ -115,13 +111,6 @@ class S7Profile:
     def parse(self, address: str) -> Address:
         return self._address(self._parse_parts(Cursor(address, self._fail(address))))
 
-    def format(self, address: Address | str) -> str:
-        if isinstance(address, str):
-            return self.parse(address).text
-        if address.profile != self.name:
-            raise ProfileError(f"address belongs to profile {address.profile!r}", profile=self.name, example=_EXAMPLE)
-        return address.text
-
     def parse_node_id(self, node_id: str) -> Address:
         fail = self._fail(node_id)
         index, uri, identifier, offset = split_node_id(node_id, fail)
@@ -130,9 +119,6 @@ class S7Profile:
         if index is not None and index != self.namespace_index:
             raise fail(f"namespace index {index} is not the S7 namespace index {self.namespace_index}", 3)
         return self._address(self._parse_parts(Cursor(node_id, fail, offset)))
-
-    def node_id_for(self, signal_name: str) -> str:
-        return self.parse(signal_name).node_id
 
     # -- events --------------------------------------------------------------------------------
 
@@ -149,11 +135,3 @@ class S7Profile:
                  "text": f"Mode transition from {previous['name']} to {requested['name']}"}
         return (event_from_entry(entry, self.vendor, word, timestamp_ns),)
 
-    def parse_diagnostic(self, text: str, timestamp_ns: int = 0) -> PlcEvent:
-        return self.rules.match(text, timestamp_ns)
-
-    def example_status(self) -> tuple[int, ...]:
-        return tuple(int(v, 16) for v in self.data["status_examples"])
-
-    def example_diagnostics(self) -> tuple[str, ...]:
-        return tuple(self.data["diagnostic_examples"])

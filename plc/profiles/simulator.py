@@ -5,8 +5,7 @@ is valid and maps to `nsu=urn:sits2026:plc-simulator;s=RollingMill.<name>`.
 """
 from __future__ import annotations
 
-from .base import Address, format_node_id, split_node_id
-from .errors import ProfileError
+from .base import Address, ProfileBase, format_node_id, split_node_id
 from .events import PlcEvent, unknown_event
 
 # Same value as plc.simulator.server.NAMESPACE_URI; not imported, because that module pulls in the
@@ -16,16 +15,13 @@ NODE_PREFIX = "RollingMill."
 _EXAMPLE = "roll_gap"
 
 
-class SimulatorProfile:
+class SimulatorProfile(ProfileBase):
     """Passthrough profile for the rolling-mill simulator; it reports no status or diagnostics of its own."""
 
     name = "simulator"
     vendor = "sits2026"
     prefix = "SIM"
-
-    def _fail(self, text: str):
-        return lambda reason, offset: ProfileError(reason, profile=self.name, address=text, offset=offset,
-                                                   example=_EXAMPLE)
+    example = _EXAMPLE
 
     def _address(self, signal: str, text: str, base: int) -> Address:
         for i, c in enumerate(signal):
@@ -41,13 +37,6 @@ class SimulatorProfile:
         signal = address[len(NODE_PREFIX):] if address.startswith(NODE_PREFIX) else address
         return self._address(signal, address, len(address) - len(signal))
 
-    def format(self, address: Address | str) -> str:
-        if isinstance(address, str):
-            return self.parse(address).text
-        if address.profile != self.name:
-            raise ProfileError(f"address belongs to profile {address.profile!r}", profile=self.name, example=_EXAMPLE)
-        return address.text
-
     def parse_node_id(self, node_id: str) -> Address:
         fail = self._fail(node_id)
         _, uri, identifier, offset = split_node_id(node_id, fail)
@@ -56,9 +45,6 @@ class SimulatorProfile:
         if not identifier.startswith(NODE_PREFIX):
             raise fail(f"simulator variables live under {NODE_PREFIX!r}", offset)
         return self._address(identifier[len(NODE_PREFIX):], node_id, offset + len(NODE_PREFIX))
-
-    def node_id_for(self, signal_name: str) -> str:
-        return self.parse(signal_name).node_id
 
     def decode_status(self, word: int, timestamp_ns: int = 0) -> tuple[PlcEvent, ...]:
         return (unknown_event(self.prefix, self.vendor, word if isinstance(word, (int, str)) else repr(word),

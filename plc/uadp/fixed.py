@@ -54,7 +54,26 @@ class UadpMessage:
     values: tuple[float, ...]
 
 
-class FixedLayout:
+class _CompiledLayout:
+    """decode/decode_into over a subclass's `_decode`, which unpacks a whole message in one call and
+    leaves the field values in `_last_values`."""
+
+    _last_values: tuple[float, ...] = ()
+
+    def _decode(self, data: bytes | memoryview) -> tuple[int, int, int, int, int, int]:
+        raise NotImplementedError
+
+    def decode(self, data: bytes | memoryview) -> UadpMessage:
+        return UadpMessage(*self._decode(data), values=self._last_values)
+
+    def decode_into(self, data: bytes | memoryview, out: np.ndarray) -> tuple[int, int, int, int, int, int]:
+        """Decode the header and write the field values into `out` (float64, preallocated)."""
+        head = self._decode(data)
+        out[:] = self._last_values
+        return head
+
+
+class FixedLayout(_CompiledLayout):
     """Encoder/decoder for the fixed layout above with `field_count` Double fields."""
 
     def __init__(self, field_count: int) -> None:
@@ -88,15 +107,6 @@ class FixedLayout:
             args.append(v)
         self._fields.pack_into(self._buffer, _HEADER.size, *args)
         return bytes(self._buffer)
-
-    def decode(self, data: bytes | memoryview) -> UadpMessage:
-        return UadpMessage(*self._decode(data), values=self._last_values)
-
-    def decode_into(self, data: bytes | memoryview, out: np.ndarray) -> tuple[int, int, int, int, int, int]:
-        """Decode the header and write the field values into `out` (float64, preallocated)."""
-        head = self._decode(data)
-        out[:] = self._last_values
-        return head
 
     def _decode(self, data: bytes | memoryview) -> tuple[int, int, int, int, int, int]:
         # One unpack of the whole message and one tuple comparison of every constant byte (flags,
@@ -152,7 +162,7 @@ DATASET_FLAGS1_RAW = 0x01 | 0x02 | 0x08 | 0x80
 _RAW_HEADER = struct.Struct("<BBHBHHBHqBBHq")
 
 
-class RawDoubleLayout:
+class RawDoubleLayout(_CompiledLayout):
     """The fixed layout above with RawData field encoding: `field_count` little-endian Doubles."""
 
     def __init__(self, field_count: int) -> None:
@@ -174,14 +184,6 @@ class RawDoubleLayout:
                               msg.writer_group_id, msg.network_sequence & 0xFFFF, 1, msg.writer_id, ticks,
                               DATASET_FLAGS1_RAW, DATASET_FLAGS2, msg.dataset_sequence & 0xFFFF, ticks, *msg.values)
         return bytes(self._buffer)
-
-    def decode(self, data: bytes | memoryview) -> UadpMessage:
-        return UadpMessage(*self._decode(data), values=self._last_values)
-
-    def decode_into(self, data: bytes | memoryview, out: np.ndarray) -> tuple[int, int, int, int, int, int]:
-        head = self._decode(data)
-        out[:] = self._last_values
-        return head
 
     def _decode(self, data: bytes | memoryview) -> tuple[int, int, int, int, int, int]:
         if len(data) != self.size:

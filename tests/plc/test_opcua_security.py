@@ -7,7 +7,7 @@ from cryptography import x509
 
 from plc.opcua_security import Pki, thumbprint
 
-from ..conftest import EXAMPLE_CONFIG, REPO, sitsd_args
+from ..conftest import EXAMPLE_CONFIG, REPO, sitsd_args, wait_ready
 
 
 @pytest.fixture
@@ -80,7 +80,6 @@ def test_secure_plc_refuses_an_unsecured_client(plcsim, pkis, tmp_path):
 
 
 def test_moving_the_rejected_certificate_into_the_trust_list_fixes_it(plcsim, pkis, tmp_path):
-    import time
 
     client, server, client_cert, server_cert = pkis
     server.trust(client_cert)
@@ -95,12 +94,7 @@ def test_moving_the_rejected_certificate_into_the_trust_list_fixes_it(plcsim, pk
                                        control__socket=tmp_path / "c.sock"),
                             stderr=open(tmp_path / "log", "wb"), cwd=REPO)
     try:
-        deadline = time.monotonic() + 60
-        while "sitsd ready" not in (tmp_path / "log").read_text() and proc.poll() is None \
-                and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert proc.poll() is None, (tmp_path / "log").read_text()
-        assert "sitsd ready" in (tmp_path / "log").read_text()
+        wait_ready(proc, tmp_path / "log")
     finally:
         proc.terminate()
         proc.wait(20)

@@ -267,7 +267,7 @@ def test_logix_invalid_tag_paths(text, offset, reason):
 def test_logix_node_id_errors():
     with pytest.raises(ProfileError) as info:
         LOGIX.parse_node_id("ns=2;s=[Other]Tag")
-    assert (info.value.offset, info.value.reason) == (7, "expected the item prefix '[PLC]'")
+    assert (info.value.offset, info.value.reason) == (7, "expected the gateway prefix '[PLC]'")
     with pytest.raises(ProfileError) as info:
         LOGIX.parse_node_id("ns=2;s=[PLC]Tag__x")
     assert info.value.offset == 16  # the second underscore, as for "Tag__x" at offset 4

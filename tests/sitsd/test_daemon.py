@@ -3,7 +3,7 @@ import subprocess
 
 from attestation.signers import SoftwareSigner
 
-from ..conftest import EXAMPLE_CONFIG, REPO, sitsd_args
+from ..conftest import EXAMPLE_CONFIG, REPO, sitsd_args, wait_ready
 
 
 def test_plc_that_does_not_trust_the_key_refuses_startup(plcsim, tmp_path):
@@ -66,9 +66,7 @@ def test_plc_restart_reconnects_and_commands_resume(plcsim, tmp_path):
                                          audit__directory=audit, control__socket=control),
                               stderr=open(tmp_path / "sitsd.log", "wb"), cwd=REPO)
     try:
-        deadline = time.monotonic() + 60
-        while not control.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_ready(daemon, tmp_path / "sitsd.log")
         time.sleep(1.0)
         before = request(control, "status")["counters"]["commands"]
         assert before > 0
@@ -133,9 +131,7 @@ def test_malformed_frames_are_reported_and_the_loop_keeps_running(plcsim, tmp_pa
                                          control__socket=control),
                               stderr=open(tmp_path / "sitsd.log", "wb"), cwd=REPO)
     try:
-        deadline = time.monotonic() + 60
-        while not control.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_ready(daemon, tmp_path / "sitsd.log")
         time.sleep(0.5)
         pub = UdpPublisher(udp_url, "127.0.0.1")
         for _ in range(5):
@@ -197,10 +193,7 @@ def test_kill_9_loses_no_acknowledged_record_and_the_restart_resumes_the_chain(p
                                            attestation__tcti=swtpm.tcti, attestation__signing="tpm-direct",
                                            plc__security="none", audit__directory=audit,
                                            control__socket=control), stderr=open(tmp_path / log_name, "wb"), cwd=REPO)
-        deadline = time.monotonic() + 60
-        while "sitsd ready" not in (tmp_path / log_name).read_text() and time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp_path / log_name).read_text()
-            time.sleep(0.1)
+        wait_ready(proc, tmp_path / log_name)
         return proc
 
     from attestation.tpm import TpmSigner
@@ -250,10 +243,7 @@ def test_tpm_lost_mid_run_then_back(plcsim, tmp_path):
                                        plc__security="none", audit__directory=audit, control__socket=control),
                             stderr=open(tmp_path / "log", "wb"), cwd=REPO)
     try:
-        deadline = time.monotonic() + 60
-        while "sitsd ready" not in (tmp_path / "log").read_text() and time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp_path / "log").read_text()
-            time.sleep(0.1)
+        wait_ready(proc, tmp_path / "log")
         time.sleep(0.5)
         tpm.stop()  # the TPM goes away
         time.sleep(1.0)
