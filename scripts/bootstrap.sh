@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 EXTRAS="${EXTRAS:-test}"
-APT_PACKAGES=(swtpm swtpm-tools tpm2-tools libtss2-dev libsystemd-dev pkg-config gcc python3-dev python3-venv iproute2 systemd linuxptp)
+APT_PACKAGES=(swtpm swtpm-tools tpm2-tools libtss2-dev libsystemd-dev pkg-config gcc python3-dev python3-venv iproute2 systemd linuxptp graphviz)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -35,4 +35,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
     .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$EXTRAS]"
     touch "$stamp"
+fi
+
+# snarkjs (test and benchmark tool only: the independent Groth16 verifier), pinned in package-lock.json
+if [ -f package-lock.json ] && { [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; }; then
+    echo "bootstrap: installing npm test tools (snarkjs) into node_modules"
+    npm ci --no-audit --no-fund --loglevel=error >/dev/null
 fi
