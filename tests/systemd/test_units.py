@@ -51,3 +51,17 @@ def test_unit_is_notify_with_watchdog_and_the_sysusers_user():
     sysusers = (REPO / "systemd" / "sitsd.sysusers").read_text()
     assert re.search(rf"^u {user} ", sysusers, re.M)
     assert re.search(rf"^m {user} tss$", sysusers, re.M)  # /dev/tpmrm0 is root:tss 0660
+
+
+def test_unit_schedules_fifo_off_cpu0_with_the_device_and_capability_it_needs():
+    text = UNIT.read_text()
+    directives = dict(re.findall(r"^(CPUSchedulingPolicy|CPUSchedulingPriority|CPUAffinity|LimitRTPRIO|"
+                                 r"DeviceAllow|SupplementaryGroups|AmbientCapabilities)=(.+)$", text, re.M))
+    assert directives["CPUSchedulingPolicy"] == "fifo"
+    # the loop thread raises itself above the rest of the daemon, within LimitRTPRIO
+    assert 0 < int(directives["CPUSchedulingPriority"]) < int(directives["LimitRTPRIO"])
+    cpus = directives["CPUAffinity"]
+    assert "0" not in re.split(r"[-, ]", cpus), f"CPUAffinity={cpus} includes CPU 0"
+    assert directives["DeviceAllow"] == "/dev/tpmrm0 rw"
+    assert directives["SupplementaryGroups"] == "tss"
+    assert directives["AmbientCapabilities"] == "CAP_NET_RAW"
