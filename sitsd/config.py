@@ -96,8 +96,14 @@ def _cross_checks(cfg: Config) -> list[tuple[tuple, str]]:
         problems.append((("attestation", "signing"), "tpm-session needs plc.session_nonce_node and "
                          "plc.session_credential_node, where the PLC checks the quote that binds the session key; "
                          "or use signing: tpm-direct"))
-    if cfg.modules:
-        problems.append((("modules",), "WASM modules are not supported by this build yet; leave the list empty"))
+    for i, m in enumerate(cfg.modules):
+        if [x.stage for x in cfg.modules].index(m.stage) != i:
+            problems.append((("modules", i, "stage"), f"a second {m.stage} module; the loop runs one pre and one post"))
+        if [x.name for x in cfg.modules].index(m.name) != i:
+            problems.append((("modules", i, "name"), f"module {m.name!r} is declared twice"))
+        if not m.path.is_file():
+            problems.append((("modules", i, "path"), f"{m.path} does not exist (a .wat or .wasm file; relative "
+                                                     "paths are resolved against the config's directory)"))
     for i, s in enumerate(cfg.signals):
         if not (math.isfinite(s.lower) and math.isfinite(s.upper)):
             problems.append((("signals", i), "min and max must be finite"))
@@ -155,6 +161,10 @@ def load_config(path: str | Path, overrides: dict | None = None) -> Config:
                                             "(see examples/rolling-mill.yaml)")]) from None
     except OSError as exc:
         raise ConfigError(file, [("", None, f"cannot read: {exc.strerror}")]) from None
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise ConfigError(file, [("", line, f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                                            f"{exc.start}); save the config as UTF-8")]) from None
     try:
         root = yaml.compose(text)
         data = yaml.safe_load(text)

@@ -136,3 +136,13 @@ def test_arbitrary_when_conditions_are_rejected_or_parsed(text):
         assert "condition" in str(exc)
     else:
         assert all(c.op in ("==", "!=", "<", "<=", ">", ">=") for c in conditions)
+
+
+def test_a_config_that_is_not_utf8_is_a_config_error_with_its_line(tmp_path):
+    """Found by the atheris config target: a Latin-1 byte escaped as UnicodeDecodeError."""
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes(EXAMPLE_CONFIG.read_bytes().replace(b"line:", b"# caf\xe9\nline:", 1))
+    with pytest.raises(ConfigError) as err:
+        load_config(bad)
+    line = EXAMPLE_CONFIG.read_bytes().split(b"line:", 1)[0].count(b"\n") + 1
+    assert f"{bad}:{line}: not UTF-8 text (byte 0xe9" in str(err.value)

@@ -1,0 +1,70 @@
+"""Runs every atheris target of tests/fuzz/harness.py for a bounded number of inputs.
+
+Each target starts from a seed corpus of valid inputs made here (UADP messages with every
+PublisherId type, the example config, signed envelopes), so libFuzzer mutates real structure
+instead of searching for it. A crash, a hang past -timeout or a misbehaving reader fails the test
+with the fuzzer's report and the offending input. The runs are short (CI time); run the harness
+by hand with -max_total_time for a longer campaign.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from asyncua import ua
+
+from attestation.envelope import Command
+from attestation.signers import SoftwareSigner
+from plc.uadp import DataSetMessage, NetworkMessage, PublisherIdType, encode
+
+from ..conftest import REPO
+
+HARNESS = REPO / "tests" / "fuzz" / "harness.py"
+# inputs per target: enough for thousands of mutations of the seeds within CI time
+RUNS = {"uadp": 20000, "constraints": 6000, "envelope": 6000, "config": 400}
+
+
+def _uadp_seeds() -> list[bytes]:
+    ids = [(7, PublisherIdType.BYTE), (4840, PublisherIdType.UINT16), (2**31, PublisherIdType.UINT32),
+           (2**60, PublisherIdType.UINT64), ("line-7", PublisherIdType.STRING)]
+    v = ua.Variant
+    fields = (v(1.5, ua.VariantType.Double), v(-2.0, ua.VariantType.Double), v(3, ua.VariantType.Int32))
+    seeds = [encode(NetworkMessage((DataSetMessage(fields),), pid, ptype)) for pid, ptype in ids]
+    seeds.append(encode(NetworkMessage((DataSetMessage((v(0.25, ua.VariantType.Double),)),
+                                        DataSetMessage((v("text", ua.VariantType.String),
+                                                        v(True, ua.VariantType.Boolean)))), 9,
+                                       PublisherIdType.UINT16, uuid.UUID(int=5), 1, 2, 3, 4, (10, 11))))
+    return seeds
+
+
+def _envelope_seeds() -> list[bytes]:
+    signer = SoftwareSigner()
+    now = time.time_ns()
+    return [signer.sign_command(Command("ns=2;s=RollGapCommand", (0.01, -0.5), seq, seq, now, now + 8_000_000,
+                                        bytes(32), seq % 2 == 0)) for seq in (1, 2)]
+
+
+SEEDS = {
+    "uadp": _uadp_seeds,
+    "config": lambda: [(REPO / "examples" / "rolling-mill.yaml").read_bytes()],
+    "constraints": lambda: [bytes(range(256)), b"\x01" * 64],
+    "envelope": _envelope_seeds,
+}
+
+
+@pytest.mark.parametrize("target", sorted(RUNS))
+def test_fuzz_target_survives(target, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i, seed in enumerate(SEEDS[target]()):
+        (corpus / f"seed-{i}").write_bytes(seed)
+    cmd = [sys.executable, str(HARNESS), target, f"-runs={RUNS[target]}", "-timeout=20", "-rss_limit_mb=3072",
+           "-seed=1", f"-artifact_prefix={tmp_path}/", str(corpus)]
+    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    report = (r.stdout + r.stderr)[-4000:]
+    crashes = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(("crash-", "timeout-", "oom-")))
+    assert r.returncode == 0 and not crashes, f"{target}: fuzzer found {crashes or 'a failure'}\n{report}"
+    assert f"Done {RUNS[target]} runs" in report, report
