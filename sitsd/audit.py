@@ -14,18 +14,65 @@ Durability promise (audit.fsync):
   never     the kernel writes back when it likes (about 30 s): crash-safe, not power-loss-safe.
 A record cut off by a crash is detected at the next start; the new segment names the cut and
 links to the last whole record, so `verify` still proves everything before it.
+
+Segments, compression and retention: a segment is a plain JSONL file while it is written (an append
+is one write; a crash can only cut its last line). Past audit.segment_max_mb the log starts a new
+segment linked to the last record of the old one, and a background thread compresses the closed
+segment into one zstd frame with a content checksum (`.jsonl.zst`: written to a temporary file,
+fsynced, renamed, and only then the plain file removed, so a crash at any point leaves at least one
+complete copy). Retention (audit.retention_days, audit.max_total_mb) deletes the oldest compressed
+segments, never the one being written; before it deletes one it appends a `retention` record naming
+the file and its last hash, so `verify` tells a segment removed by policy from one deleted by hand.
 """
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import queue
 import re
+import threading
 import time
 from pathlib import Path
 
+import zstandard
+
 GENESIS = "0" * 64
-_SEGMENT = re.compile(r"^commands-(\d{6})-")
+_SEGMENT = re.compile(r"^commands-(\d{6})-.*\.jsonl(\.zst)?$")
+_ZST = ".zst"
+
+
+def _open_text(path: Path):
+    """A segment as text lines, compressed or not (a damaged zstd frame raises zstandard.ZstdError)."""
+    if path.name.endswith(_ZST):
+        raw = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), read_across_frames=True, closefd=True)
+        return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="\n")
+    return open(path, encoding="utf-8", errors="replace", newline="\n")
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def compress_segment(path: Path) -> Path:
+    """Replace a closed plain segment by its zstd copy, crash-safely; returns the new path."""
+    target = path.with_name(path.name + _ZST)
+    tmp = path.with_name(path.name + _ZST + ".tmp")
+    cctx = zstandard.ZstdCompressor(level=10, write_checksum=True)
+    with open(path, "rb") as src, open(tmp, "wb") as dst:
+        cctx.copy_stream(src, dst)
+        dst.flush()
+        os.fsync(dst.fileno())
+    os.replace(tmp, target)
+    _fsync_dir(path.parent)
+    path.unlink()
+    _fsync_dir(path.parent)
+    return target
 
 
 def _digest(body: dict) -> str:
@@ -41,7 +88,7 @@ def _tail(path: Path) -> tuple[str, int, bool]:
 def _scan(path: Path) -> tuple[str, int, bool, int]:
     """_tail plus the highest command sequence number recorded (0 if none)."""
     last, whole, cut, seq = None, 0, False, 0
-    with open(path, encoding="utf-8", errors="replace") as fh:
+    with _open_text(path) as fh:
         for line in fh:
             if not line.endswith("\n"):
                 cut = True
@@ -49,7 +96,8 @@ def _scan(path: Path) -> tuple[str, int, bool, int]:
             try:
                 entry = json.loads(line)
                 last = entry["hash"]
-                seq = max(seq, int(entry["record"].get("seq") or 0))
+                if "type" not in entry["record"]:
+                    seq = max(seq, int(entry["record"].get("seq") or 0))
             except (ValueError, KeyError, TypeError, AttributeError):
                 cut = True
                 break
@@ -58,35 +106,65 @@ def _scan(path: Path) -> tuple[str, int, bool, int]:
 
 
 class AuditLog:
-    def __init__(self, directory: str | os.PathLike, fsync: str = "interval") -> None:
+    def __init__(self, directory: str | os.PathLike, fsync: str = "interval", *, segment_max_mb: float = 64.0,
+                 retention_days: float | None = None, max_total_mb: float | None = None) -> None:
         if fsync not in ("every", "interval", "never"):
             raise ValueError("audit fsync policy must be every, interval or never")
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o750)
         self.fsync = fsync
-        previous = audit_files(self.directory)
-        number = int(_SEGMENT.match(previous[-1].name).group(1)) + 1 if previous else 1
-        self.path = self.directory / (f"commands-{number:06d}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
-                                      f"-{os.getpid()}.jsonl")
-        self._fh = open(self.path, "a", encoding="utf-8")
+        self.segment_max_bytes = int(segment_max_mb * 1024 * 1024)
+        self.retention_s = retention_days * 86400 if retention_days else None
+        self.max_total_bytes = int(max_total_mb * 1024 * 1024) if max_total_mb else None
+        self._lock = threading.Lock()
         self._prev = GENESIS
         self._last_sync = time.monotonic()
         self.records = 0
+        self.compressed = 0  # segments compressed by this process
+        self.removed: list[str] = []  # segments deleted by retention
+        self.housekeeping_error: str | None = None
+        self._closed_queue: queue.SimpleQueue[Path | None] = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
+        for stale in self.directory.glob("commands-*.jsonl.zst.tmp"):  # a compression cut by a crash
+            stale.unlink()
+        for done in self.directory.glob("commands-*.jsonl.zst"):  # a crash between rename and unlink:
+            plain = done.with_name(done.name.removesuffix(_ZST))  # the renamed copy is complete
+            if plain.exists():
+                plain.unlink()
+        previous = audit_files(self.directory)
         self.last_sequence = 0  # the highest command sequence number of the previous segment
+        self._fh = None
+        self._pending = 0
+        self._idle = threading.Condition()
+        self._open_segment(previous[-1] if previous else None, at_start=True)
+        for f in previous:  # plain segments a crash left uncompressed (all of them are closed now)
+            if not f.name.endswith(_ZST):
+                self._queue_closed(f)
+        if previous and (self.retention_s or self.max_total_bytes):
+            self._queue_closed(None)  # apply retention once at start
+
+    def _open_segment(self, previous: Path | None, at_start: bool = False) -> None:
+        number = int(_SEGMENT.match(previous.name).group(1)) + 1 if previous else 1
+        self.path = self.directory / (f"commands-{number:06d}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+                                      f"-{os.getpid()}.jsonl")
+        self._fh = open(self.path, "a", encoding="utf-8")
+        self._size = 0
         header = {"type": "segment", "segment": number, "started_ns": time.time_ns(), "pid": os.getpid(),
-                  "previous_file": previous[-1].name if previous else None}
-        if previous:
-            last_hash, whole, cut, self.last_sequence = _scan(previous[-1])
+                  "previous_file": previous.name.removesuffix(_ZST) if previous else None}
+        if previous is not None and at_start:
+            last_hash, whole, cut, self.last_sequence = _scan(previous)
             self._prev = last_hash
             if cut:  # a crash cut the previous segment's last record: say so, link to the last whole one
                 header["previous_cut_after_lines"] = whole
-        self._write(header)
+        self._write_locked(header)
 
-    def _write(self, record: dict) -> str:
+    def _write_locked(self, record: dict) -> str:
         body = dict(record, prev=self._prev)
         digest = _digest(body)
-        self._fh.write(json.dumps({"hash": digest, "record": body}, sort_keys=True, separators=(",", ":")) + "\n")
+        line = json.dumps({"hash": digest, "record": body}, sort_keys=True, separators=(",", ":")) + "\n"
+        self._fh.write(line)
         self._fh.flush()
+        self._size += len(line)
         self._prev = digest
         now = time.monotonic()
         if self.fsync == "every" or (self.fsync == "interval" and now - self._last_sync > 1.0):
@@ -95,15 +173,86 @@ class AuditLog:
         return digest
 
     def append(self, record: dict) -> str:
-        digest = self._write(record)
-        self.records += 1
+        with self._lock:
+            digest = self._write_locked(record)
+            self.records += 1
+            if self._size >= self.segment_max_bytes:
+                self._rotate_locked()
         return digest
 
+    def _rotate_locked(self) -> None:
+        """Close the current segment (fsynced) and continue the chain in a new one."""
+        closed = self.path
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self._fh.close()
+        self._open_segment(closed)
+        self._queue_closed(closed)
+
+    def _queue_closed(self, path: Path | None) -> None:
+        with self._idle:
+            self._pending += 1
+        self._closed_queue.put(path)
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=self._housekeeping, name="sitsd-audit-zstd", daemon=True)
+            self._worker.start()
+
+    def _housekeeping(self) -> None:
+        """Compress closed segments, then apply retention; errors are kept for status, never raised."""
+        while True:
+            try:
+                path = self._closed_queue.get(timeout=5.0)
+            except queue.Empty:
+                return
+            try:
+                if path is not None and path.exists():
+                    if path.with_name(path.name + _ZST).exists():  # a crash hit between rename and unlink
+                        path.unlink()
+                    else:
+                        compress_segment(path)
+                        self.compressed += 1
+                self._apply_retention()
+                self.housekeeping_error = None
+            except (OSError, zstandard.ZstdError) as exc:
+                self.housekeeping_error = f"audit housekeeping: {exc}"
+            finally:
+                with self._idle:
+                    self._pending -= 1
+                    self._idle.notify_all()
+
+    def _apply_retention(self) -> None:
+        if not (self.retention_s or self.max_total_bytes):
+            return
+        compressed = [f for f in audit_files(self.directory) if f.name.endswith(_ZST)]
+        total = sum(f.stat().st_size for f in audit_files(self.directory))
+        now = time.time()
+        for f in compressed[:-1] if len(compressed) > 1 else []:  # keep the newest closed segment
+            too_old = self.retention_s is not None and now - f.stat().st_mtime > self.retention_s
+            too_big = self.max_total_bytes is not None and total > self.max_total_bytes
+            if not (too_old or too_big):
+                break
+            last_hash, whole, _, last_seq = _scan(f)
+            with self._lock:  # the record first: a crash before the unlink leaves a file, never a gap
+                self._write_locked({"type": "retention", "removed_file": f.name.removesuffix(_ZST),
+                                    "removed_last_hash": last_hash, "removed_lines": whole,
+                                    "removed_last_seq": last_seq, "reason": "age" if too_old else "size"})
+                os.fsync(self._fh.fileno())
+            size = f.stat().st_size
+            f.unlink()
+            total -= size
+            self.removed.append(f.name)
+
+    def flush_housekeeping(self, timeout_s: float = 30.0) -> bool:
+        """Wait until queued compression and retention are done; False on timeout (tests, shutdown)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout_s)
+
     def close(self) -> None:
-        if not self._fh.closed:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-            self._fh.close()
+        with self._lock:
+            if not self._fh.closed:
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
+                self._fh.close()
 
 
 class AuditError(ValueError):
@@ -116,8 +265,8 @@ def verify_chain(path: str | os.PathLike, expected_prev: str | None = None, allo
     `expected_prev`: the hash the file's first record must link to (the previous segment's last)."""
     prev = expected_prev
     count = 0
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
+    with _open_text(Path(path)) as fh:
+        for lineno, line in _lines(fh, path):
             if not line.endswith("\n"):
                 if allow_cut:
                     return count
@@ -138,50 +287,96 @@ def verify_chain(path: str | os.PathLike, expected_prev: str | None = None, allo
             if _digest(body) != stored:
                 raise AuditError(f"{path}:{lineno}: record {body.get('seq')} was modified (hash mismatch)")
             prev = stored
-            count += body.get("type") != "segment"
+            count += "type" not in body
     return count
+
+
+def _lines(fh, path):
+    """Numbered lines of a segment; a damaged compressed segment becomes an AuditError."""
+    lineno = 0
+    try:
+        for line in fh:
+            lineno += 1
+            yield lineno, line
+    except zstandard.ZstdError as exc:
+        raise AuditError(f"{path}: compressed segment is damaged after line {lineno} ({exc})") from None
 
 
 def verify_directory(directory: str | os.PathLike) -> list[tuple[Path, int]]:
     """Verify every segment and the links between them; a segment may end in a cut-off record only if
-    the next segment's header says so. Returns (file, command records) per segment."""
+    the next segment's header says so. A segment missing at the start is accepted only if a retention
+    record names it (deleted by policy) and the first remaining segment links to its last hash.
+    Returns (file, command records) per segment."""
     files = audit_files(directory)
     results = []
     prev = None
+    if files:
+        first = segment_header(files[0])
+        missing = first.get("previous_file") if first else None
+        if missing:
+            removed = _retention_records(files)
+            if missing not in removed:
+                raise AuditError(f"{files[0]}:1: segment {missing} before it is missing and no retention record "
+                                 "says it was removed by policy (deleted by hand?)")
+            prev = removed[missing]
     for i, f in enumerate(files):
-        nxt = _header(files[i + 1]) if i + 1 < len(files) else None
+        nxt = segment_header(files[i + 1]) if i + 1 < len(files) else None
         cut_ok = nxt is not None and "previous_cut_after_lines" in nxt
+        if nxt is not None and nxt.get("previous_file") != f.name.removesuffix(_ZST):
+            raise AuditError(f"{files[i + 1]}:1: follows {nxt.get('previous_file')}, but the segment before it "
+                             f"is {f.name} (a segment in between was deleted)")
         results.append((f, verify_chain(f, prev, allow_cut=cut_ok)))
         prev, _, _ = _tail(f)
     return results
 
 
-def _header(path: Path) -> dict | None:
+def _retention_records(files: list[Path]) -> dict[str, str]:
+    """removed segment name -> its last hash, from the retention records of the remaining segments."""
+    out = {}
+    for f in files:
+        try:
+            with _open_text(f) as fh:
+                for line in fh:
+                    if '"retention"' in line:
+                        body = json.loads(line)["record"]
+                        if body.get("type") == "retention":
+                            out[body["removed_file"]] = body["removed_last_hash"]
+        except (ValueError, KeyError, zstandard.ZstdError):
+            continue  # the chain check of that file names the damage
+    return out
+
+
+def segment_header(path: Path) -> dict | None:
     try:
-        with open(path, encoding="utf-8") as fh:
+        with _open_text(path) as fh:
             body = json.loads(fh.readline())["record"]
         return body if body.get("type") == "segment" else None
-    except (ValueError, KeyError, OSError):
+    except (ValueError, KeyError, OSError, zstandard.ZstdError):
         return None
 
 
 def audit_files(target: str | os.PathLike) -> list[Path]:
-    """The audit segments of a directory in order (their names start with a segment number)."""
+    """The audit segments of a directory in order (their names start with a segment number); where a
+    crash left both the plain and the compressed copy of one segment, the compressed one counts."""
     p = Path(target)
     if not p.is_dir():
         return [p]
-    return sorted((f for f in p.glob("commands-*.jsonl") if _SEGMENT.match(f.name)),
-                  key=lambda f: int(_SEGMENT.match(f.name).group(1)))
+    by_number: dict[int, Path] = {}
+    for f in p.glob("commands-*.jsonl*"):
+        m = _SEGMENT.match(f.name)
+        if m and (int(m.group(1)) not in by_number or m.group(2)):
+            by_number[int(m.group(1))] = f
+    return [by_number[n] for n in sorted(by_number)]
 
 
 def read_records(path: str | os.PathLike) -> list[dict]:
     """The command records of one segment (without its header; a cut-off last line is skipped)."""
     out = []
-    with open(path, encoding="utf-8") as fh:
+    with _open_text(Path(path)) as fh:
         for line in fh:
             if not line.endswith("\n"):
                 break
             body = json.loads(line)["record"]
-            if body.get("type") != "segment":
+            if "type" not in body:
                 out.append(body)
     return out

@@ -76,11 +76,12 @@ def _cmd_status(args) -> int:
 
 def _cmd_audit(args) -> int:
     from .audit import AuditError, audit_files, read_records, verify_chain, verify_directory
+    from .audit import segment_header as _audit_header
 
     target = args.path or Path(load_audit_dir(args))
     files = audit_files(target)
     if not files:
-        print(f"sitsctl audit: no audit files (commands-*.jsonl) in {target}", file=sys.stderr)
+        print(f"sitsctl audit: no audit files (commands-*.jsonl[.zst]) in {target}", file=sys.stderr)
         return 2
     if args.action == "verify":
         try:
@@ -90,6 +91,9 @@ def _cmd_audit(args) -> int:
             return 1
         for f, n in results:
             print(f"{f}: OK, {n} records")
+        first = _audit_header(files[0])
+        if Path(target).is_dir() and first and first.get("previous_file"):
+            print(f"segments up to {first['previous_file']} were removed by the retention policy (recorded in the log)")
         print(f"chain intact across {len(results)} segment(s), {sum(n for _, n in results)} records")
         return 0
     for f in files:
@@ -287,6 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     pki.add_argument("--force", action="store_true", help="init: replace an existing certificate")
     pki.set_defaults(func=_cmd_pki)
 
+    __import__("sitsd.cli_update").cli_update.register(sub)  # sitsctl update / rollback (hot swap)
+    __import__("sitsd.cli_diagnose").cli_diagnose.register(sub)  # sitsctl diagnose (fault attribution)
+    __import__("sitsd.cli_zk").cli_zk.register(sub)  # sitsctl zk-setup / prove / verify-proof (Groth16)
     sub.add_parser("plcsim", help="run the rolling-mill PLC simulator (see sitsctl plcsim --help)",
                    add_help=False)
     sub.add_parser("compile", help="compile an ONNX model into a verified artifact: graph passes, FP8/int8 "

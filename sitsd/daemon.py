@@ -34,11 +34,14 @@ from .config import Config, OpcUaSubscriptionTransport, UadpEthTransport
 from .errors import StartupError
 from .gates import ConstraintGate, SafetyEnvelope, TimestampGate
 from .gates.ptp import query_pmc
+from .hotswap import attach, control_handlers, load_config_modules
+from .rca.service import attach_rca
 from .log import get_logger
 from .notify import Notifier
 from .pipeline import ControlLoop, Counters, Outgoing
 from .plc_link import PlcLink
 from .stats import STAGE_INDEX, TimingRing
+from .wasm import WasmError
 
 QUEUE_DEPTH = 8
 PUBKEY_FILE = "signer.pub.pem"
@@ -96,6 +99,9 @@ class Daemon:
         self._queue: asyncio.Queue | None = None
         self._started = time.monotonic()
         self._own_signer = signer is None
+        self.wasm = None  # sitsd.wasm.WasmHost when the config names modules
+        self.hotswap = None  # sitsd.hotswap.HotSwap once the loop is built
+        self.measurements = None  # attestation.measurement.MeasurementLog
 
     # -- startup ------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -134,6 +140,11 @@ class Daemon:
                                              t.publisher_id, t.dataset_writer_id)
         except TransportError as exc:
             raise StartupError(str(exc)) from exc
+        try:
+            self.wasm, pre, post = load_config_modules(cfg)
+        except WasmError as exc:
+            raise StartupError(f"{exc}\n  fix: correct the module or its golden vectors, or remove it from "
+                               f"`modules:`") from exc
         self.loop = ControlLoop(
             source=self.source,
             timestamp_gate=TimestampGate(
@@ -148,7 +159,9 @@ class Daemon:
             deadline_ns=int(cfg.timing.deadline_ms * 1e6), sign_budget_ns=sign_budget_ns,
             max_consecutive_drops=cfg.timing.max_consecutive_drops, clock_policy=cfg.timing.ptp.policy,
             timings=self.timings, counters=self.counters, alerts=self.alerts,
-            loop_cpu=cfg.runtime.loop_cpu, realtime_priority=cfg.runtime.realtime_priority)
+            loop_cpu=cfg.runtime.loop_cpu, realtime_priority=cfg.runtime.realtime_priority, pre=pre, post=post)
+        self.hotswap = attach(self)
+        self.rca = attach_rca(self)  # fault attribution: event stream + signal ring (sitsctl diagnose)
 
     def _signer_self_test(self) -> int:
         """Sign and verify a few commands; returns the signing budget used by the deadline check."""
@@ -169,6 +182,7 @@ class Daemon:
         """A controller event (status word or diagnostic text), already structured by the vendor profile."""
         self.plc_events.append(event)
         self.plc_event_counts[event.code] += 1
+        self.rca.on_plc_event(event)
         log = self.log.warning if event.severity in ("error", "critical") else self.log.info
         log("plc event", code=event.code, severity=event.severity, component=event.component, text=event.text,
             vendor=event.vendor, plc_time_ns=event.timestamp_ns)
@@ -272,6 +286,8 @@ class Daemon:
         last_beat, last_ping, last_status, last_malformed = -1, 0.0, 0.0, 0
         while True:
             await asyncio.sleep(0.05)
+            if self.hotswap is not None and self.hotswap.watching:  # a fresh swap: trap/error spike -> rollback
+                await asyncio.to_thread(self.hotswap.check_health)
             malformed = self.source.malformed if self.source is not None else 0
             if malformed != last_malformed:  # counted on the loop thread, reported here
                 self.alert_counts["malformed_frame"] += malformed - last_malformed
@@ -281,6 +297,7 @@ class Daemon:
             while self.alerts:
                 t_ns, kind, reason, publisher, seq = self.alerts.popleft()
                 self.alert_counts[kind] += 1
+                self.rca.on_alert(t_ns, kind, reason, publisher, seq)
                 if kind == "timestamp":
                     self.timestamp_drop_counts[reason.split(":", 1)[0]] += 1
                 self.last_alerts.append({"t_ns": t_ns, "kind": kind, "reason": reason, "frame_seq": seq})
@@ -335,7 +352,8 @@ class Daemon:
             "uptime_s": round(time.monotonic() - self._started, 1),
             "reloads": self.reloads,
             "model": str(self.cfg.model.artifact),
-            "model_sha256": self.model.sha256.hex() if self.model else None,
+            "model_sha256": self.loop.stage_set.model_sha256.hex() if self.loop else None,
+            "stages": self.loop.stage_set.describe() if self.loop else None,
             "signer": "tpm" if str(getattr(self.signer, "kind", "")).startswith("tpm") else getattr(self.signer, "kind", None),
             "signing_mode": getattr(self.signer, "kind", None),
             "key_id": self.signer.key_id.hex() if self.signer else None,
@@ -375,14 +393,17 @@ class Daemon:
                                     device_key_file=Path(self.cfg.audit.directory) / DEVICE_KEY_FILE,
                                     model_sha256=self.model.sha256, log=self.log)
                 await self.link.connect()
-                self.audit = AuditLog(self.cfg.audit.directory, self.cfg.audit.fsync)
+                a = self.cfg.audit
+                self.audit = AuditLog(a.directory, a.fsync, segment_max_mb=a.segment_max_mb,
+                                      retention_days=a.retention_days, max_total_mb=a.max_total_mb)
                 # sequence numbers must rise across restarts, or the PLC's replay check refuses the new
                 # daemon: start above the last audited one and above the microsecond clock
                 self.loop.sequence = max(self.loop.sequence, self.audit.last_sequence, time.time_ns() // 1000)
                 await self._startup_command()
                 server = await control.serve(Path(self.cfg.control.socket),
                                              {"status": self.status, "stop": self._stop_request,
-                                              "reload": self._reload_request})
+                                              "reload": self._reload_request, **control_handlers(self),
+                                              "events": self.rca.events_request})
                 if self.cfg.metrics.enabled:
                     from .metrics import MetricsExporter
 
@@ -429,6 +450,8 @@ class Daemon:
                 self.source.close()
             if self.audit is not None:
                 self.audit.close()
+            if self.wasm is not None:
+                self.wasm.close()
             if self.signer is not None and self._own_signer:
                 self.signer.close()
             self.ready.set()

@@ -134,9 +134,19 @@ class LinearConstraint(_Section):
 
 
 class Module(_Section):
+    """A sandboxed WASM module (wasm_modules/ABI.md): `pre` runs on the model inputs before the model,
+    `post` on the model outputs before the safety envelope. `path` is a .wat or .wasm file with its
+    golden vectors next to it (<stem>.golden.json)."""
+
     name: str = Field(pattern=_NAME)
     path: Path
     stage: Literal["pre", "post"]
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$", description="pin the wasm bytes' SHA-256")
+    deadline_ms: float = Field(default=5.0, gt=0, le=100,
+                               description="wall-clock limit per call (epoch; preemption counts, keep it generous)")
+    fuel: int | None = Field(default=1_000_000, ge=1000,
+                             description="instruction budget per call (~1 ms of work per million); null: none")
+    memory_pages: int = Field(default=4, ge=1, le=1024, description="linear memory limit, 64 KiB pages")
 
 
 class ModelSection(_Section):
@@ -296,6 +306,8 @@ class AttestationSection(_Section):
     key_handle: int = Field(default=0x81000001, ge=0x81000000, le=0x81FFFFFF)
     ak_handle: int = Field(default=0x81000002, ge=0x81000000, le=0x81FFFFFF,
                            description="restricted attestation key that quotes the session key")
+    measurement_pcr: int = Field(default=23, ge=0, le=23,
+                                 description="PCR extended with every deployed model, module and config (hot swaps)")
 
     @model_validator(mode="after")
     def _tcti(self):
@@ -308,6 +320,11 @@ class AuditSection(_Section):
     directory: Path
     fsync: Literal["every", "interval", "never"] = Field(
         default="interval", description="durability: every record, at least once a second, or left to the kernel")
+    segment_max_mb: float = Field(default=64.0, gt=0, description="start a new segment past this size; closed "
+                                  "segments are zstd-compressed in the background")
+    retention_days: float | None = Field(default=None, gt=0, description="delete compressed segments older than this")
+    max_total_mb: float | None = Field(default=None, gt=0, description="delete the oldest compressed segments "
+                                       "while the directory holds more than this")
 
 
 class ControlSection(_Section):

@@ -67,27 +67,34 @@ def test_segments_chain_across_restarts_and_name_a_crash_cut(tmp_path):
     assert [n for _, n in results] == [2, 1]
     assert [r["seq"] for r in read_records(second.path)] == [3]
 
-    # with the segment that vouched for the cut deleted, the cut itself is the first bad record
+    # with the segment that vouched for the cut deleted, the gap is named
     third = AuditLog(tmp_path)
     third.append({"seq": 4, "outcome": "acknowledged"})
+    assert third.flush_housekeeping()
     third.close()
-    second.path.unlink()
-    with pytest.raises(ValueError, match="000001.*truncated record"):
+    from sitsd.audit import audit_files
+
+    audit_files(tmp_path)[1].unlink()
+    with pytest.raises(ValueError, match="000003.*follows commands-000002.*a segment in between was deleted"):
         verify_directory(tmp_path)
 
 
 def test_deleting_a_whole_segment_breaks_the_chain(tmp_path):
     from sitsd.audit import verify_directory
 
-    logs = []
+    from sitsd.audit import audit_files
+
     for seq in range(3):
         log = AuditLog(tmp_path)
         log.append({"seq": seq})
+        assert log.flush_housekeeping()
         log.close()
-        logs.append(log)
     assert [n for _, n in verify_directory(tmp_path)] == [1, 1, 1]
-    logs[1].path.unlink()
-    with pytest.raises(ValueError, match="000003.*:1: chain broken"):
+    audit_files(tmp_path)[1].unlink()
+    with pytest.raises(ValueError, match="000003.*a segment in between was deleted"):
+        verify_directory(tmp_path)
+    audit_files(tmp_path)[0].unlink()  # and the oldest, without a retention record
+    with pytest.raises(ValueError, match="000003.*:1: segment commands-000002.*no retention record"):
         verify_directory(tmp_path)
 
 
@@ -98,3 +105,99 @@ def test_fsync_policy_is_checked(tmp_path):
     log.append({"seq": 1})
     log.close()
     assert verify_chain(log.path) == 1
+
+
+# -- segments: rotation, zstd compression, retention ---------------------------------------------
+
+def _fill(log, first_seq: int, n: int) -> None:
+    for seq in range(first_seq, first_seq + n):
+        log.append({"seq": seq, "frame_seq": seq, "values": [0.001 * seq], "failsafe": False,
+                    "outcome": "acknowledged", "pad": "x" * 200})
+
+
+def test_rotation_compresses_closed_segments_and_the_chain_runs_through_them(tmp_path):
+    import zstandard
+
+    from sitsd.audit import audit_files, read_records, verify_directory
+
+    log = AuditLog(tmp_path, segment_max_mb=0.01)  # about 40 records per segment
+    _fill(log, 1, 200)
+    assert log.flush_housekeeping()
+    log.close()
+    files = audit_files(tmp_path)
+    assert len(files) >= 5
+    assert all(f.name.endswith(".jsonl.zst") for f in files[:-1]) and files[-1].name.endswith(".jsonl")
+    assert log.compressed == len(files) - 1
+    # one zstd frame with a content checksum per closed segment
+    params = zstandard.get_frame_parameters(files[0].read_bytes())
+    assert params.has_checksum
+    assert sum(n for _, n in verify_directory(tmp_path)) == 200
+    assert [r["seq"] for f in files for r in read_records(f)] == list(range(1, 201))
+    # a restart continues the chain and the sequence numbers
+    again = AuditLog(tmp_path, segment_max_mb=0.01)
+    assert again.last_sequence == 200
+    _fill(again, 201, 3)
+    again.close()
+    assert sum(n for _, n in verify_directory(tmp_path)) == 203
+
+
+def test_a_modified_or_damaged_compressed_segment_is_named(tmp_path):
+    import zstandard
+
+    from sitsd.audit import audit_files, verify_directory
+
+    log = AuditLog(tmp_path, segment_max_mb=0.01)
+    _fill(log, 1, 100)
+    assert log.flush_housekeeping()
+    log.close()
+    target = audit_files(tmp_path)[1]
+    text = zstandard.ZstdDecompressor().decompress(target.read_bytes(), max_output_size=1 << 26).decode()
+    target.write_bytes(zstandard.ZstdCompressor().compress(text.replace('"values":[0.0', '"values":[9.0', 1).encode()))
+    with pytest.raises(ValueError, match=f"{target.name}:2: record .* was modified"):
+        verify_directory(tmp_path)
+    data = bytearray(zstandard.ZstdCompressor(write_checksum=True).compress(text.encode()))
+    data[len(data) // 2] ^= 0xFF
+    target.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=f"{target.name}.*(damaged|modified|chain broken|not an audit record)"):
+        verify_directory(tmp_path)
+
+
+def test_a_crash_mid_compression_leaves_a_complete_copy(tmp_path):
+    from sitsd.audit import audit_files, compress_segment, verify_directory
+
+    log = AuditLog(tmp_path, segment_max_mb=0.01)
+    _fill(log, 1, 60)
+    assert log.flush_housekeeping()
+    log.close()
+    closed = audit_files(tmp_path)[0]
+    # the two crash windows: a partial temporary file, and both copies after the rename
+    plain = closed.with_name(closed.name.removesuffix(".zst"))
+    import zstandard
+
+    plain.write_bytes(zstandard.ZstdDecompressor().decompress(closed.read_bytes(), max_output_size=1 << 26))
+    (tmp_path / (plain.name + ".zst.tmp")).write_bytes(b"partial")
+    restarted = AuditLog(tmp_path, segment_max_mb=0.01)
+    assert restarted.flush_housekeeping()
+    restarted.close()
+    assert not list(tmp_path.glob("*.tmp")) and not plain.exists() and closed.exists()
+    assert sum(n for _, n in verify_directory(tmp_path)) == 60
+    assert compress_segment  # the function the housekeeping thread uses is public for operators' tools
+
+
+def test_retention_removes_old_segments_with_a_record_and_verify_accepts_only_that(tmp_path):
+    from sitsd.audit import audit_files, verify_directory
+
+    log = AuditLog(tmp_path, segment_max_mb=0.01, max_total_mb=0.012)
+    _fill(log, 1, 400)
+    assert log.flush_housekeeping()
+    log.close()
+    files = audit_files(tmp_path)
+    assert log.removed, "nothing was removed"
+    assert int(files[0].name[9:15]) > 1  # the oldest segments are gone
+    assert sum(f.stat().st_size for f in files) < 0.02 * 1024 * 1024
+    results = verify_directory(tmp_path)  # the first remaining segment links to a removed one: by policy
+    assert results and all(n >= 0 for _, n in results)
+    # removing one more by hand is caught
+    files[0].unlink()
+    with pytest.raises(ValueError, match="no retention record"):
+        verify_directory(tmp_path)
