@@ -26,6 +26,7 @@ the file and its last hash, so `verify` tells a segment removed by policy from o
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -147,7 +148,7 @@ class AuditLog:
         number = int(_SEGMENT.match(previous.name).group(1)) + 1 if previous else 1
         self.path = self.directory / (f"commands-{number:06d}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
                                       f"-{os.getpid()}.jsonl")
-        self._fh = open(self.path, "a", encoding="utf-8")
+        self._fh = open(self.path, "ab", buffering=0)  # one os.write per record: no half-flushed buffers
         self._size = 0
         header = {"type": "segment", "segment": number, "started_ns": time.time_ns(), "pid": os.getpid(),
                   "previous_file": previous.name.removesuffix(_ZST) if previous else None}
@@ -161,9 +162,18 @@ class AuditLog:
     def _write_locked(self, record: dict) -> str:
         body = dict(record, prev=self._prev)
         digest = _digest(body)
-        line = json.dumps({"hash": digest, "record": body}, sort_keys=True, separators=(",", ":")) + "\n"
-        self._fh.write(line)
-        self._fh.flush()
+        line = (json.dumps({"hash": digest, "record": body}, sort_keys=True, separators=(",", ":")) + "\n").encode()
+        fd = self._fh.fileno()
+        try:
+            written = os.write(fd, line)
+            if written != len(line):
+                raise OSError(errno.ENOSPC, f"short write ({written} of {len(line)} bytes)")
+        except OSError as exc:
+            try:  # never leave half a record: cut the file back to the last whole one
+                os.ftruncate(fd, self._size)
+            except OSError:
+                pass
+            raise AuditWriteError(f"cannot write audit record to {self.path}: {exc.strerror or exc}") from exc
         self._size += len(line)
         self._prev = digest
         now = time.monotonic()
@@ -182,11 +192,17 @@ class AuditLog:
 
     def _rotate_locked(self) -> None:
         """Close the current segment (fsynced) and continue the chain in a new one."""
-        closed = self.path
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
-        self._fh.close()
-        self._open_segment(closed)
+        closed, old_fh, old_size, old_prev = self.path, self._fh, self._size, self._prev
+        os.fsync(old_fh.fileno())
+        try:
+            self._open_segment(closed)
+        except OSError:  # no room for a new segment: go on in the old one, try again at the next record
+            if self._fh is not old_fh:
+                self._fh.close()
+                self.path.unlink(missing_ok=True)
+            self._fh, self._size, self._prev, self.path = old_fh, old_size, old_prev, closed
+            return
+        old_fh.close()
         self._queue_closed(closed)
 
     def _queue_closed(self, path: Path | None) -> None:
@@ -250,9 +266,14 @@ class AuditLog:
     def close(self) -> None:
         with self._lock:
             if not self._fh.closed:
-                self._fh.flush()
-                os.fsync(self._fh.fileno())
-                self._fh.close()
+                try:
+                    os.fsync(self._fh.fileno())
+                finally:
+                    self._fh.close()
+
+
+class AuditWriteError(OSError):
+    """A record could not be written (disk full, I/O error); the file still ends on a whole record."""
 
 
 class AuditError(ValueError):

@@ -29,7 +29,7 @@ from plc.uadp import compile_layout
 from plc.udp import UdpFrameSource
 
 from . import control
-from .audit import AuditLog
+from .audit import AuditLog, AuditWriteError
 from .config import Config, OpcUaSubscriptionTransport, UadpEthTransport
 from .errors import StartupError
 from .gates import ConstraintGate, SafetyEnvelope, TimestampGate
@@ -93,6 +93,10 @@ class Daemon:
         self.model: ModelRunner | None = None
         self.source: UdpFrameSource | None = None
         self.audit: AuditLog | None = None
+        # acknowledged commands whose audit record could not be written yet (disk full): kept in order,
+        # written first when the disk takes records again; while any wait, no new command is sent
+        self.audit_backlog: deque[dict] = deque()
+        self.audit_held = 0  # commands not sent because the audit log could not take their record
         self.link: PlcLink | None = None
         self._aio: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -228,6 +232,9 @@ class Daemon:
         handoff_i, write_i = STAGE_INDEX["handoff"], STAGE_INDEX["write"]
         while True:
             item: Outgoing = await self._queue.get()
+            if self.audit_backlog:  # nothing leaves that could not be recorded: the PLC falls back on its own
+                self.audit_held += 1
+                continue
             start = time.time_ns()
             stages[item.row, handoff_i] = (start - item.handoff_ns) * 1e-3
             if start > item.deadline_ns and not item.failsafe:
@@ -256,9 +263,33 @@ class Daemon:
 
     def _audit(self, item: Outgoing, outcome: str, **extra) -> None:
         """Every command that reached the wire: acknowledged, rejected by the PLC, or unconfirmed."""
-        self.audit.append({"seq": item.sequence, "frame_seq": item.frame_sequence, "values": item.values,
-                           "failsafe": item.failsafe, "sent_ns": item.sender_timestamp_ns, "outcome": outcome,
-                           "envelope": item.envelope.hex(), **extra})
+        record = {"seq": item.sequence, "frame_seq": item.frame_sequence, "values": item.values,
+                  "failsafe": item.failsafe, "sent_ns": item.sender_timestamp_ns, "outcome": outcome,
+                  "envelope": item.envelope.hex(), **extra}
+        if self.audit_backlog:
+            self.audit_backlog.append(record)
+            return
+        try:
+            self.audit.append(record)
+        except AuditWriteError as exc:
+            self.audit_backlog.append(record)
+            self._alert("audit", f"{exc}; holding commands until the audit log takes records again", item)
+            self.log.error("audit log not writable: commands held, the PLC falls back to its safe state",
+                           error=str(exc), directory=str(self.audit.directory))
+
+    def _drain_audit_backlog(self) -> None:
+        """Write the records that waited for disk space, oldest first; stop at the first failure."""
+        written = 0
+        while self.audit_backlog:
+            try:
+                self.audit.append(self.audit_backlog[0])
+            except AuditWriteError:
+                return
+            self.audit_backlog.popleft()
+            written += 1
+        self.alerts.append((time.time_ns(), "audit_recovered", f"audit log writable again: {written} waiting "
+                            f"record(s) written, {self.audit_held} command(s) were held", 0, 0))
+        self.log.warning("audit log writable again", written=written, held=self.audit_held)
 
     async def _reconnect(self) -> None:
         self.state = "reconnecting"
@@ -317,6 +348,8 @@ class Daemon:
             if now - last_status >= 1.0:
                 self.notifier.status(self.status_line())
                 last_status = now
+                if self.audit_backlog:
+                    self._drain_audit_backlog()
 
     async def _watch_ptp(self) -> None:
         """Poll linuxptp; with policy drop/failsafe an unlocked clock closes the timestamp gate."""
@@ -375,6 +408,7 @@ class Daemon:
             "recent_plc_events": [{"code": e.code, "severity": e.severity, "component": e.component, "text": e.text,
                                    "t_ns": e.timestamp_ns} for e in list(self.plc_events)[-5:]],
             "audit_file": str(self.audit.path) if self.audit else None,
+            "audit_backlog": len(self.audit_backlog), "audit_held": self.audit_held,
             "metrics_url": (f"http://{self.cfg.metrics.host}:{self.metrics.port}/metrics"
                             if self.metrics is not None else None),
         }
