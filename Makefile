@@ -18,6 +18,7 @@ bench: setup
 	.venv/bin/python bench/uadp_codec.py
 	.venv/bin/python bench/gates.py
 	.venv/bin/python bench/signing.py
+	.venv/bin/python bench/ep.py
 
 # Reproduces examples/models/rolling_mill.onnx (needs torch 2.13.0, installed by this target).
 train-model:

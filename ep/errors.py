@@ -12,3 +12,8 @@ class ModelLoadError(EpError):
 class CompileError(EpError):
     """`sitsctl compile` cannot proceed: missing or non-ONNX input, bad calibration data, an
     unsupported target or a pass that failed; the message says which and what to do."""
+
+
+class KvError(EpError):
+    """KV state that cannot be encoded, stored, found or recovered; the message names the stream, the
+    page or the slot (and the file) at fault."""

@@ -1,21 +1,33 @@
-"""One ONNX Runtime session per model, called from one thread with pre-bound buffers.
+"""`Session`: one ONNX Runtime session per model, with provider choice, placement report, FP8
+handling and pre-bound IOBinding; `ModelRunner`: the daemon's one-input/one-output model on top.
 
-The input and output numpy arrays are allocated once and bound to the session through
-IOBinding (OrtValues that share their memory), so a call is: write the input array in
-place, `run()`, read the output array. A self-test at load compares that path with a plain
-`InferenceSession.run` so a binding that silently copies would be caught before serving.
-The model is a plain .onnx file or an artifact directory from `sitsctl compile` (`ep.artifact`).
+Call path: input and output numpy arrays are allocated once and bound through IOBinding (OrtValues
+that share their memory), so a call is: write the input array in place, `run()`, read the output
+array. `Binding.run` is the pybind `run_with_iobinding` and nothing else (a RunOptions argument
+costs ~25 us; the public wrapper's WebGPU capture bookkeeping ~0.3 us).
+
+FP8, plainly: no CPU has FP8 arithmetic, and no provider this layer configures computes in FP8.
+An FP8 artifact is loaded with `session.disable_quant_qdq=1`, so ORT folds every
+`DequantizeLinear(float8)` into an FP32 weight at load and runs FP32 kernels: FP8 makes the file
+(and the download, and the measured artifact) 4x smaller; RAM and speed are FP32. `Session.notes`
+says so for each session that does it.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
+from . import providers as prov
 from .artifact import resolve_model
 from .errors import ModelLoadError
+
+WARMUP_RUNS = 3
+FP8_NOTE = ("FP8 weights folded to FP32 at load (session.disable_quant_qdq=1): {provider} has no FP8 "
+            "arithmetic here, so FP8 is storage only; compute and RAM are FP32")
 
 
 def sha256_file(path: str | Path) -> bytes:
@@ -39,26 +51,120 @@ def session_options(threads: int = 1, fp8_storage: bool = False) -> ort.SessionO
     return so
 
 
+class Binding:
+    """Buffers bound once to a session: `run()` reads the bound inputs and writes the bound outputs in
+    place. A name in both `inputs` and `outputs` with the same array is one shared OrtValue (in-place
+    KV: past and present are the same memory)."""
+
+    def __init__(self, session: ort.InferenceSession, inputs: dict[str, np.ndarray],
+                 outputs: dict[str, np.ndarray]) -> None:
+        self._session = session
+        self.inputs, self.outputs = inputs, outputs
+        self._io = session.io_binding()
+        values: dict[int, ort.OrtValue] = {}
+
+        def value(a: np.ndarray) -> ort.OrtValue:
+            if not a.flags.c_contiguous:
+                raise ModelLoadError("a bound buffer must be C-contiguous (ORT reads it in place)")
+            key = id(a)
+            if key not in values:  # one OrtValue per array: shared past/present stay one buffer
+                values[key] = ort.OrtValue.ortvalue_from_numpy(a)
+            return values[key]
+
+        for name, a in inputs.items():
+            self._io.bind_ortvalue_input(name, value(a))
+        for name, a in outputs.items():
+            self._io.bind_ortvalue_output(name, value(a))
+        self._values = values  # keep the OrtValues (and so the arrays) alive as long as the binding
+        # The public InferenceSession.run_with_iobinding adds WebGPU graph-capture bookkeeping per call
+        # (~0.3 us here); the pybind call under it is the same run. Fall back when a build lacks it.
+        c_session, c_binding = getattr(session, "_sess", None), getattr(self._io, "_iobinding", None)
+        if c_session is not None and c_binding is not None and hasattr(c_session, "run_with_iobinding"):
+            self.run = functools.partial(c_session.run_with_iobinding, c_binding, None)
+
+    def run(self) -> None:
+        self._session.run_with_iobinding(self._io)
+
+    def warm_up(self, runs: int = WARMUP_RUNS) -> None:
+        """`runs` calls before the first real one (first-call allocations, page faults, caches)."""
+        for _ in range(runs):
+            self.run()
+
+
+class Session:
+    """One ORT session for `model`: an .onnx file, an artifact directory (`sitsctl compile`, verified)
+    or ONNX bytes. `policy` picks the execution provider (`ep.providers`); `threads` intra-op threads
+    (1 by default: one frame, one core, no thread-pool wake-ups).
+
+    After construction: `choice` (provider, device, how chosen), `placement` (provider -> nodes, as
+    ORT assigned them), `fp8_folded` and `notes` (plain statements about what runs how), `sha256`
+    (file or artifact hash), `manifest` (artifacts)."""
+
+    def __init__(self, model: str | Path | bytes, *, policy: str = "auto", threads: int = 1,
+                 expected_sha256: str | None = None, fp8_storage: bool | None = None,
+                 provider_options: dict[str, str] | None = None, use_device_api: bool | None = None,
+                 label: str | None = None) -> None:
+        if isinstance(model, (bytes, bytearray)):
+            data, self.path, self.manifest = bytes(model), None, None
+            self.sha256 = hashlib.sha256(data).digest()
+            if expected_sha256 is not None and self.sha256.hex() != expected_sha256.lower():
+                raise ModelLoadError(f"model bytes: SHA-256 {self.sha256.hex()} differs from the expected "
+                                     f"{expected_sha256.lower()}")
+        else:
+            self.path = Path(model)
+            data, self.sha256, self.manifest = resolve_model(self.path, expected_sha256)
+        self.label = label or (str(self.path) if self.path is not None else "model bytes")
+        self.fp8_folded = bool(self.manifest is not None and self.manifest.fp8) if fp8_storage is None else fp8_storage
+        self.choice = prov.choose_provider(policy, use_device_api=use_device_api)
+        so = session_options(threads, fp8_storage=self.fp8_folded)
+        so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+        providers = prov.apply(self.choice, so, provider_options)
+        try:
+            self.session = ort.InferenceSession(data, so, providers=providers)
+        except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/InvalidProtobuf types
+            raise ModelLoadError(f"model {self.label}: ONNX Runtime cannot load it on "
+                                 f"{self.choice.provider}: {exc}") from exc
+        self.placement = prov.node_placement(self.session)
+        self.notes = [f"provider: {self.choice.describe()}"]
+        if self.fp8_folded:
+            self.notes.append(FP8_NOTE.format(provider=self.choice.provider))
+        if self.placement:
+            self.notes.append("nodes: " + "; ".join(f"{p} {len(n)}" for p, n in self.placement.items()))
+
+    @property
+    def providers(self) -> list[str]:
+        return self.session.get_providers()
+
+    def run(self, feeds: dict[str, np.ndarray], names: list[str] | None = None) -> list[np.ndarray]:
+        """A plain `InferenceSession.run` (allocates its outputs; for checks, not the fast path)."""
+        return self.session.run(names, feeds)
+
+    def bind(self, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> Binding:
+        return Binding(self.session, inputs, outputs)
+
+    def report(self) -> str:
+        """Multi-line: provider, FP8 handling, and the nodes on each provider."""
+        lines = list(self.notes)
+        for p, nodes in self.placement.items():
+            lines.append(f"  {p}: {', '.join(nodes)}")
+        return "\n".join(lines)
+
+
 class ModelRunner:
     """`path` is an ONNX file or an artifact directory made by `sitsctl compile` (`ep.artifact`).
 
     For a file, `sha256` is the SHA-256 of its bytes. For an artifact, every hash is verified first
     (`ep.artifact.load_artifact`, `ArtifactError` naming the file or chunk at fault), `sha256` is the
-    artifact SHA-256 defined by the manifest, and `manifest` holds it. FP8 is storage here: FP8
-    artifacts are loaded with `session.disable_quant_qdq=1`, so ONNX Runtime folds each
-    `DequantizeLinear(float8)` into an FP32 weight at load and runs FP32 kernels (FP32 speed and RAM;
-    the CPU has no FP8 arithmetic); the FP8 format only makes the file smaller.
+    artifact SHA-256 defined by the manifest, and `manifest` holds it. FP8 artifacts are folded to
+    FP32 at load (see the module doc). The session is an `ep.Session` (`self.ep`): provider by
+    `policy`, one intra-op thread by default, a self-test and a warm-up before the first frame.
     """
 
     def __init__(self, path: str | Path, n_inputs: int, n_outputs: int, threads: int = 1,
-                 expected_sha256: str | None = None) -> None:
+                 expected_sha256: str | None = None, policy: str = "auto") -> None:
         self.path = Path(path)
-        data, self.sha256, self.manifest = resolve_model(self.path, expected_sha256)
-        so = session_options(threads, fp8_storage=self.manifest is not None and self.manifest.fp8)
-        try:
-            self.session = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
-        except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/InvalidProtobuf types
-            raise ModelLoadError(f"model {self.path}: ONNX Runtime cannot load it: {exc}") from exc
+        self.ep = Session(self.path, policy=policy, threads=threads, expected_sha256=expected_sha256)
+        self.sha256, self.manifest, self.session = self.ep.sha256, self.ep.manifest, self.ep.session
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         if len(inputs) != 1 or len(outputs) != 1:
             raise ModelLoadError(f"model {self.path}: needs exactly one input and one output tensor, "
@@ -73,10 +179,10 @@ class ModelRunner:
                                      f"the config declares [batch, {n}] ({n} {what} signals)")
         self.input = np.zeros((1, n_inputs), dtype=np.float32)
         self.output = np.zeros((1, n_outputs), dtype=np.float32)
-        self._binding = self.session.io_binding()
-        self._binding.bind_ortvalue_input(self.input_name, ort.OrtValue.ortvalue_from_numpy(self.input))
-        self._binding.bind_ortvalue_output(self.output_name, ort.OrtValue.ortvalue_from_numpy(self.output))
+        self._binding = self.ep.bind({self.input_name: self.input}, {self.output_name: self.output})
+        self._run = self._binding.run
         self._self_test()
+        self._binding.warm_up()
 
     def _self_test(self) -> None:
         rng = np.random.default_rng(0)
@@ -92,5 +198,5 @@ class ModelRunner:
 
     def run(self) -> np.ndarray:
         """Runs on `self.input`; the result is in `self.output` (also returned)."""
-        self.session.run_with_iobinding(self._binding)  # a RunOptions argument costs ~25 us here
+        self._run()
         return self.output

@@ -23,10 +23,10 @@ HI = np.array([4.5, 3.5, 3.0, 14000.0, 180.0, 3.5])
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    """The demo model, fp8-adaptive, with 1 KiB chunks so the container has several."""
+    """The demo model, fp8-adaptive, with 128-byte chunks so the container has several."""
     out = tmp_path_factory.mktemp("art") / "fp8"
     calib = np.random.default_rng(7).uniform(LO, HI, (128, 6)).astype(np.float32)
-    manifest = compile_model(DEMO_MODEL, out, calibration=calib, chunk_size=1024)
+    manifest = compile_model(DEMO_MODEL, out, calibration=calib, chunk_size=128)
     assert len(manifest["files"][CONTAINER_FILE]["chunks"]) >= 4
     return out, manifest
 
@@ -92,7 +92,7 @@ def test_consistently_rewritten_container_is_caught_by_the_manifest(art):
     tensors = read_container(art / CONTAINER_FILE)
     name = next(k for k, v in tensors.items() if k.endswith(".scale"))
     tensors[name] = tensors[name] * np.float32(2.0)
-    write_container(art / CONTAINER_FILE, tensors, chunk_size=1024)  # valid container, other weights
+    write_container(art / CONTAINER_FILE, tensors, chunk_size=128)  # valid container, other weights
     with pytest.raises(ArtifactError, match=r"weights\.sitsw chunk \d+ .*does not match its SHA-256 in the manifest"):
         load_artifact(art)
 

@@ -1,0 +1,337 @@
+"""ep side by side in one run: per-call latency, peak RSS and artifact size; streaming per-token
+latency and KV bytes per stream.
+
+    python bench/ep.py [--json] [--calls N] [--quick]
+
+Per call, one model, the same inputs, interleaved in rounds so load drift hits every variant:
+  ORT FP32    `InferenceSession.run(None, {"x": x})` on the FP32 .onnx (the plain way to call ORT)
+  torch eager the same weights in `torch.nn.Sequential`, `inference_mode`, one thread (only when
+              torch is installed: it is not a dependency; `make train-model` installs it)
+  ours        `ep.ModelRunner` on the FP8 artifact from `sitsctl compile` (ep.Session: provider by
+              policy, one thread, FP8 folded to FP32 at load, pre-bound IOBinding)
+The model is a 6-256-256-256-1 ReLU MLP (deterministic random weights), where weights dominate the
+artifact; the demo model's artifact ratio is printed too (graph and scales dominate it). Peak RSS is
+measured per variant in a child process (load + calls), since one process holds all three here.
+
+Streaming: the ep.streaming transformer (2 layers, d_model 64, GQA 4 query / 2 KV heads).
+  ours      `StreamPool.step`: in-place GQA, window = context, 16-token pages, journal on
+  baseline  the same graph with a growing KV: `sess.run` with past [.., P, ..] -> present [.., P+1, ..]
+Per-token latency at context 16, 256 and 2048; KV bytes in RAM for one stream after 1k, 10k and
+100k tokens (ours: hot slot + warm arena, allocated once; baseline: the full float32 KV, measured at 1k and 10k and
+computed for 100k from the same per-token size). The last line with --json is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import onnxruntime as ort  # noqa: E402
+
+from ep.session import ModelRunner  # noqa: E402
+
+WIDTHS = (6, 256, 256, 256, 1)
+DEMO_MODEL = REPO / "examples" / "models" / "rolling_mill.onnx"
+DEMO_LO = np.array([3.5, 2.5, 0.8, 3000.0, 60.0, 1.5])
+DEMO_HI = np.array([4.5, 3.5, 3.0, 14000.0, 180.0, 3.5])
+
+
+def mlp_weights(seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [((rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32),
+             (rng.standard_normal(b) * 0.05).astype(np.float32)) for a, b in zip(WIDTHS[:-1], WIDTHS[1:])]
+
+
+def build_mlp(path: Path) -> None:
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes, inits, x = [], [], "x"
+    layers = mlp_weights()
+    for i, (w, b) in enumerate(layers):
+        inits += [numpy_helper.from_array(w.T.copy(), f"W{i}"), numpy_helper.from_array(b, f"b{i}")]
+        y = f"h{i}"
+        nodes.append(helper.make_node("Gemm", [x, f"W{i}", f"b{i}"], [y], name=f"fc{i}", transB=1))
+        if i < len(layers) - 1:
+            nodes.append(helper.make_node("Relu", [y], [y + "r"], name=f"relu{i}"))
+            y += "r"
+        x = y
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTHS[0]])],
+                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["batch", WIDTHS[-1]])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    path.write_bytes(m.SerializeToString())
+
+
+def torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def make_variant(name: str, fp32: Path, artifact: Path):
+    """A zero-argument call running the model once on row `x` (set through the returned setter)."""
+    x = np.zeros((1, WIDTHS[0]), np.float32)
+    if name == "ort":
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads = 1, 1
+        sess = ort.InferenceSession(str(fp32), so, providers=["CPUExecutionProvider"])
+        return x, (lambda: sess.run(None, {"x": x})[0])
+    if name == "torch":
+        import torch
+
+        torch.set_num_threads(1)
+        mods = []
+        for i, (w, b) in enumerate(mlp_weights()):
+            lin = torch.nn.Linear(w.shape[0], w.shape[1])
+            with torch.no_grad():
+                lin.weight.copy_(torch.from_numpy(w.T.copy()))
+                lin.bias.copy_(torch.from_numpy(b))
+            mods += [lin] + ([torch.nn.ReLU()] if i < len(WIDTHS) - 2 else [])
+        model = torch.nn.Sequential(*mods).eval()
+
+        def call():
+            with torch.inference_mode():
+                return model(torch.from_numpy(x)).numpy()
+        return x, call
+    runner = ModelRunner(artifact.with_suffix(".int8") if name == "ours-int8" else artifact, WIDTHS[0], WIDTHS[-1])
+    return runner.input, runner.run
+
+
+def stats(ns: list[int]) -> dict:
+    a = np.asarray(ns, np.float64) / 1e3
+    return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99))}
+
+
+def per_call(fp32: Path, artifact: Path, calls: int, with_torch: bool) -> tuple[dict, float, int]:
+    names = ["ort", "ours", "ours-int8"] + (["torch"] if with_torch else [])
+    variants = {n: make_variant(n, fp32, artifact) for n in names}
+    inputs = np.random.default_rng(1).standard_normal((512, WIDTHS[0])).astype(np.float32)
+    times: dict[str, list[int]] = {n: [] for n in names}
+    outs: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    for n, (x, call) in variants.items():  # warm-up, and the outputs for the error
+        for row in inputs:
+            x[0] = row
+            outs[n].append(np.array(call(), copy=True).reshape(-1))
+    rounds, per = 20, max(1, calls // 20)
+    clock = time.perf_counter_ns
+    for r in range(rounds):
+        for n in (names if r % 2 == 0 else names[::-1]):
+            x, call = variants[n]
+            t = times[n]
+            for i in range(per):
+                x[0] = inputs[i % 512]
+                t0 = clock()
+                call()
+                t.append(clock() - t0)
+    ref = np.stack(outs["ort"])
+    err = float(np.abs(np.stack(outs["ours"]) - ref).max())
+    stats_err = {"ours-int8": float(np.abs(np.stack(outs["ours-int8"]) - ref).max())}
+    torch_err = float(np.abs(np.stack(outs["torch"]) - ref).max()) if with_torch else None
+    return {n: stats(t) for n, t in times.items()}, err, torch_err, stats_err
+
+
+def child_rss(variant: str, fp32: Path, artifact: Path) -> float:
+    """Peak RSS (MiB, VmHWM: getrusage's ru_maxrss keeps the parent's peak across fork+exec) of a fresh
+    process that loads `variant` and runs 2000 calls."""
+    code = (f"import sys; sys.argv = ['ep.py']; sys.path.insert(0, {str(REPO / 'bench')!r});"
+            f"import importlib.util as u; s = u.spec_from_file_location('b', {str(Path(__file__))!r});"
+            f"b = u.module_from_spec(s); s.loader.exec_module(b); from pathlib import Path;"
+            f"x, call = b.make_variant({variant!r}, Path({str(fp32)!r}), Path({str(artifact)!r}))\n"
+            f"for _ in range(2000): call()\n"
+            f"print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    return int(out.stdout.strip().splitlines()[-1]) / 1024
+
+
+# --- streaming ---------------------------------------------------------------------------------
+
+def streaming_latency(contexts, steps: int, tmp: Path) -> dict:
+    from ep.streaming import PoolConfig, StreamPool, StreamSpec, build_model, positional_encoding
+
+    spec = StreamSpec()
+    xs = np.random.default_rng(2).standard_normal((4096, spec.n_inputs)).astype(np.float32)
+    out = {}
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = 1, 1
+    base = ort.InferenceSession(build_model(spec).SerializeToString(), so, providers=["CPUExecutionProvider"])
+    L, H, D = spec.n_layers, spec.kv_heads, spec.head_dim
+    for c in contexts:
+        with StreamPool(tmp / f"lat{c}", spec, PoolConfig(window=c, page_tokens=16, hot_slots=1)) as pool:
+            for i in range(c + 32):  # fill the window past the first slide: steady state
+                pool.step(0, xs[i % 4096])
+            t = []
+            for i in range(steps):
+                t0 = time.perf_counter_ns()
+                pool.step(0, xs[i % 4096])
+                t.append(time.perf_counter_ns() - t0)
+        # baseline: growing KV, present -> past, plain run; starts from a context-c KV
+        rng = np.random.default_rng(3)
+        past = {f"past_{k}_{i}": rng.standard_normal((1, H, c, D)).astype(np.float32) * 0.5
+                for i in range(L) for k in ("key", "value")}
+        tb = []
+        for i in range(steps):
+            p = c + i
+            feed = {"frame": xs[i % 4096].reshape(1, 1, -1), "pe": positional_encoding([p], spec.d_model)[None],
+                    "seqlens_k": np.array([p], np.int32), "total_sequence_length": np.array(p + 1, np.int32), **past}
+            t0 = time.perf_counter_ns()
+            res = base.run(None, feed)
+            tb.append(time.perf_counter_ns() - t0)
+            for j, name in enumerate(o.name for o in base.get_outputs()):
+                if name.startswith("present_"):
+                    past["past_" + name[len("present_"):]] = res[j]
+        out[c] = {"ours": stats(t), "baseline": stats(tb)}
+    return out
+
+
+def kv_bytes(lengths: dict[str, int], baseline_measure_up_to: int, tmp: Path) -> tuple[dict, dict, dict]:
+    from ep.streaming import PoolConfig, StreamPool, StreamSpec, build_model, positional_encoding
+
+    spec = StreamSpec()
+    xs = np.random.default_rng(4).standard_normal((4096, spec.n_inputs)).astype(np.float32)
+    ours, extra = {}, {}
+    with StreamPool(tmp / "kv", spec, PoolConfig(hot_slots=1)) as pool:
+        done = 0
+        for label, n in sorted(lengths.items(), key=lambda kv: kv[1]):
+            while done < n:
+                pool.step(0, xs[done % 4096])
+                done += 1
+            ours[label] = pool.kv_ram_bytes(0)
+            extra[label] = {"cold_file": pool.cold.file_bytes, "warm_used": pool.tiers.warm_used_bytes(0)}
+        extra["config"] = pool.config
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(build_model(spec).SerializeToString(), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    past = {f"past_{k}_{i}": np.zeros((1, spec.kv_heads, 0, spec.head_dim), np.float32)
+            for i in range(spec.n_layers) for k in ("key", "value")}
+    baseline, done = {}, 0
+    for label, n in sorted(lengths.items(), key=lambda kv: kv[1]):
+        if n > baseline_measure_up_to:
+            baseline[label] = n * spec.kv_token_bytes()
+            extra[f"baseline_{label}"] = "computed (n x per-token KV bytes)"
+            continue
+        while done < n:
+            feed = {"frame": xs[done % 4096].reshape(1, 1, -1), "pe": positional_encoding([done], spec.d_model)[None],
+                    "seqlens_k": np.array([done], np.int32), "total_sequence_length": np.array(done + 1, np.int32),
+                    **past}
+            res = sess.run(None, feed)
+            for j, name in enumerate(names):
+                if name.startswith("present_"):
+                    past["past_" + name[len("present_"):]] = res[j]
+            done += 1
+        baseline[label] = sum(a.nbytes for a in past.values())
+        extra[f"baseline_{label}"] = "measured"
+    return ours, baseline, extra
+
+
+def streaming_fp8_ratio(tmp: Path) -> float:
+    """The streaming transformer's weights through the FP8 pass and the weight container (compile takes
+    one-input models, so this is the same two steps by hand): (graph without weights + container) / .onnx."""
+    from onnx import ModelProto, numpy_helper
+
+    from ep.compile import fp8
+    from ep.compile.passes import eliminate_dead_code
+    from ep.container import write_container
+    from ep.streaming import build_model
+
+    model = build_model()
+    q, _ = fp8.quantize_model(model, {}, 0.25)
+    q, _ = eliminate_dead_code(q)  # drops the FP32 originals, as compile does
+    tensors = {t.name: numpy_helper.to_array(t) for t in q.graph.initializer}
+    skeleton = ModelProto()
+    skeleton.CopyFrom(q)
+    del skeleton.graph.initializer[:]
+    info = write_container(tmp / "stream.sitsw", tensors)
+    return (len(skeleton.SerializeToString()) + info.size) / len(model.SerializeToString())
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    ap.add_argument("--calls", type=int, default=4000, help="timed calls per variant (per-call part)")
+    ap.add_argument("--quick", action="store_true", help="300 instead of 1000 timed steps per context")
+    args = ap.parse_args(argv)
+    from ep.compile import compile_model
+
+    with_torch = torch_available()
+    tmp = Path(tempfile.mkdtemp(prefix="sits-bench-ep-"))
+    fp32 = tmp / "mlp.onnx"
+    build_mlp(fp32)
+    calib = np.random.default_rng(0).standard_normal((512, WIDTHS[0])).astype(np.float32)
+    manifest = compile_model(fp32, tmp / "mlp.fp8", calibration=calib)
+    art_bytes = manifest["sizes"]["artifact_bytes"]
+    ratio = art_bytes / fp32.stat().st_size
+    demo = compile_model(DEMO_MODEL, tmp / "demo.fp8",
+                         calibration=np.random.default_rng(0).uniform(DEMO_LO, DEMO_HI, (256, 6)).astype(np.float32))
+    demo_ratio = demo["sizes"]["artifact_bytes"] / DEMO_MODEL.stat().st_size
+
+    int8 = compile_model(fp32, tmp / "mlp.int8", quantization="int8", calibration=calib)
+    stream_ratio = streaming_fp8_ratio(tmp)
+    lat, err, torch_err, other_err = per_call(fp32, tmp / "mlp.fp8", args.calls, with_torch)
+    rss = {n: child_rss(n, fp32, tmp / "mlp.fp8") for n in lat}
+    stated = manifest.accuracy["stated_max_abs_error"]
+
+    steps = 300 if args.quick else 1000
+    stream = streaming_latency((16, 256, 2048), steps, tmp)
+    lengths = {"1k": 1000, "10k": 10_000, "100k": 100_000}
+    ours_kv, base_kv, kv_extra = kv_bytes(lengths, 10_000, tmp)
+
+    ort_p50, ours_p50 = lat["ort"]["p50"], lat["ours"]["p50"]
+    print(f"ep bench  (onnxruntime {ort.__version__}, {os.cpu_count()} CPUs, 1 intra-op thread each)")
+    print(f"per call, MLP {'-'.join(map(str, WIDTHS))}, batch 1, {args.calls} calls per variant, interleaved:")
+    print(f"  {'variant':<44}{'p50 us':>9}{'p99 us':>9}{'peak RSS MiB':>14}")
+    rows = [("ORT FP32 InferenceSession.run", "ort"), ("torch eager (1 thread)", "torch"),
+            ("ours: ep ModelRunner, FP8 artifact", "ours"), ("ours: ep ModelRunner, int8 artifact", "ours-int8")]
+    for label, n in rows:
+        if n in lat:
+            print(f"  {label:<44}{lat[n]['p50']:>9.1f}{lat[n]['p99']:>9.1f}{rss[n]:>14.1f}")
+        else:
+            print(f"  {label:<44}{'n/a: torch is not installed (pip install torch==2.13.0)':>32}")
+    print(f"  speedup vs ORT run (p50): {ort_p50 / ours_p50:.2f}x"
+          + (f"   vs torch eager: {lat['torch']['p50'] / ours_p50:.2f}x" if with_torch else ""))
+    print(f"  max |ours - ORT FP32| on 512 inputs: {err:.3g} (manifest states {stated:.3g} on its calibration "
+          f"inputs: {'within' if err <= stated else 'OUTSIDE'})"
+          + (f"; torch vs ORT {torch_err:.3g}" if with_torch else ""))
+    print(f"  artifact: FP8 {art_bytes} B vs FP32 .onnx {fp32.stat().st_size} B = {ratio:.3f}; demo model "
+          f"(6-16-16-1): {demo['sizes']['artifact_bytes']} B vs {DEMO_MODEL.stat().st_size} B = {demo_ratio:.3f} "
+          f"(graph and scales dominate)")
+    print(f"  streaming transformer, FP8 weights + container: {stream_ratio:.3f} of its FP32 .onnx")
+    print(f"  int8 artifact (ORT quantize_dynamic, VNNI kernels): {int8['sizes']['artifact_bytes']} B, "
+          f"max |int8 - ORT FP32| {other_err['ours-int8']:.3g}")
+    print("  FP8 on this CPU is storage only: folded to FP32 at load, FP32 compute and RAM")
+    print("streaming transformer, per token (T=1):")
+    print(f"  {'context':>8}{'ours p50':>10}{'p99':>9}{'baseline p50':>14}{'p99':>9}"
+          "   (us; baseline: growing KV, sess.run)")
+    for c, r in stream.items():
+        print(f"  {c:>8}{r['ours']['p50']:>10.1f}{r['ours']['p99']:>9.1f}{r['baseline']['p50']:>14.1f}"
+              f"{r['baseline']['p99']:>9.1f}")
+    cfg = kv_extra["config"]
+    print(f"KV bytes in RAM per stream (ours: window {cfg.window} + page {cfg.page_tokens}, {cfg.warm_pages} warm "
+          f"pages int8; attention sees the last {cfg.window + 1}..{cfg.capacity} tokens):")
+    for label in lengths:
+        print(f"  {label:>5} tokens: ours {ours_kv[label]:>9} B (cold file {kv_extra[label]['cold_file']} B on disk)"
+              f"   baseline {base_kv[label]:>10} B ({kv_extra['baseline_' + label]})")
+    if args.json:
+        print(json.dumps({
+            "ours_us": lat["ours"], "ort_us": lat["ort"], "torch_us": lat.get("torch"),
+            "speedup_vs_ort": ort_p50 / ours_p50,
+            "speedup_vs_torch": lat["torch"]["p50"] / ours_p50 if with_torch else None,
+            "artifact_ratio": ratio, "max_abs_error": err,
+            "kv_bytes_per_stream": ours_kv, "baseline_kv_bytes_per_stream": base_kv}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
