@@ -43,9 +43,11 @@ class Simulator:
 
     def __init__(self, udp_url: str, trust_key: Path, model_sha256: str, seed: int, rate_hz: float, workdir: Path,
                  opcua_frames: bool = False, link=None, security: str = "none", pki: Path | None = None,
-                 field_encoding: str = "variant", profile: str = "simulator", session: bool = False):
-        self._stderr = open(workdir / "plcsim.log", "wb")
+                 field_encoding: str = "variant", profile: str = "simulator", session: bool = False,
+                 port: int = 0, extra_args: tuple[str, ...] = (), log_name: str = "plcsim.log"):
+        self._stderr = open(workdir / log_name, "ab")
         extra = ["--opcua-frames"] if opcua_frames else []
+        extra += list(extra_args)
         extra += ["--field-encoding", field_encoding, "--profile", profile]
         if security != "none":
             extra += ["--security", security, "--pki", str(pki)]
@@ -55,12 +57,12 @@ class Simulator:
             extra += ["--host", link.plc_ip, "--eth-url", DEMO_ETH_URL, "--eth-interface", link.plc_if,
                       "--launch-offset-us", "200"]
         self.proc = subprocess.Popen(
-            prefix + [sys.executable, "-m", "sitsd.plcsim", "--udp-url", udp_url, "--port", "0",
+            prefix + [sys.executable, "-m", "sitsd.plcsim", "--udp-url", udp_url, "--port", str(port),
                       "--trust-device-key" if session else "--trust-key", str(trust_key), "--control-stdin",
              "--model-sha256", model_sha256, "--seed", str(seed), "--rate", str(rate_hz)] + extra,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1,
             cwd=str(REPO_ROOT))
-        self.log_path = workdir / "plcsim.log"
+        self.log_path = workdir / log_name
         line = self._read_line(timeout_s=30.0)
         if not line or not json.loads(line).get("ready"):
             self.close()

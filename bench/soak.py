@@ -1,0 +1,278 @@
+#!/usr/bin/env python3
+"""Soak under faults: a real sitsd against the PLC simulator, with faults injected one after another.
+
+    python bench/soak.py [--seconds 40] [--json]
+
+The daemon signs with swtpm (tpm-direct, so the device key survives restarts) and writes its audit
+log onto a small tmpfs (root only; without root the disk-full fault is skipped and reported). Each
+fault is injected, held, cleared, and then the run waits for recovery: the daemon running, its
+audit backlog empty, and at least 50 new acknowledged commands. The faults, in order:
+
+  kill9           sitsd is killed with SIGKILL under load and restarted (as systemd would)
+  plc_disconnect  the PLC (simulator) stops and comes back on the same endpoint
+  tpm_loss        swtpm stops and comes back with its state
+  burst_10x       a second publisher floods the frame stream at ten times the nominal rate
+  disk_full       the audit file system fills up, then gets room again
+
+acknowledged_records_lost counts, for each daemon incarnation, the commands its status reported as
+acknowledged that have no acknowledged record in the audit log. rss_growth_mb compares the final
+daemon's resident memory shortly after its start with the value at the end (the faults after the
+restart all hit that incarnation). The last line with --json is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from attestation.tpm import Swtpm, TpmSigner  # noqa: E402
+from sitsd.audit import AuditError, read_records, segment_header, verify_directory  # noqa: E402
+from sitsd.config import load_config  # noqa: E402
+from sitsd.control import request  # noqa: E402
+from sitsd.demo import Simulator, _free_udp_port  # noqa: E402
+from sitsd.errors import ControlError  # noqa: E402
+
+CONFIG = REPO / "examples" / "rolling-mill.yaml"
+FAULTS = ("kill9", "plc_disconnect", "tpm_loss", "burst_10x", "disk_full")
+
+
+def _free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class Soak:
+    def __init__(self, work: Path, rate_hz: float, say) -> None:
+        self.work, self.rate_hz, self.say = work, rate_hz, say
+        self.cfg = load_config(CONFIG)
+        self.model_sha = self.cfg.model.sha256 or ""
+        self.root = os.geteuid() == 0
+        self.disk = work / "disk"
+        self.disk.mkdir()
+        if self.root:
+            r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(self.disk)],
+                               capture_output=True, text=True)
+            self.root = r.returncode == 0
+        self.audit = self.disk / "audit"
+        self.control = work / "control.sock"
+        self.tpm = Swtpm(work / "tpm").start()
+        key = TpmSigner(self.tpm.tcti)
+        (work / "device.pem").write_bytes(key.public_key_pem())
+        key.close()
+        self.port = _free_tcp_port()
+        self.udp_url = f"opc.udp://239.255.{os.getpid() % 200 + 20}.{_free_udp_port() % 250 + 1}:{_free_udp_port()}"
+        self.sim = self._start_sim()
+        self.daemon: subprocess.Popen | None = None
+        self.incarnations: list[dict] = []  # pid, last acknowledged count seen
+        self.plc_stats: list[dict] = []
+
+    # -- processes -----------------------------------------------------------------------------
+    def _start_sim(self, **kw) -> Simulator:
+        return Simulator(self.udp_url, self.work / "device.pem", self.model_sha, seed=3, rate_hz=self.rate_hz,
+                         workdir=self.work, port=kw.pop("port", self.port), **kw)
+
+    def start_daemon(self) -> None:
+        args = [sys.executable, "-m", "sitsd", "--config", str(CONFIG)]
+        for key, value in {"plc.endpoint": f"opc.tcp://127.0.0.1:{self.port}", "transport.url": self.udp_url,
+                           "attestation.mode": "tpm2", "attestation.tcti": self.tpm.tcti,
+                           "attestation.signing": "tpm-direct", "plc.security": "none",
+                           "audit.directory": self.audit, "control.socket": self.control,
+                           "metrics.port": 0}.items():
+            args += ["--set", f"{key}={value}"]
+        log = self.work / "sitsd.log"
+        self.daemon = subprocess.Popen(args, stderr=open(log, "ab"), cwd=REPO)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if request(self.control, "status", timeout_s=1.0)["state"] == "running":
+                    break
+            except (ControlError, ValueError):
+                pass
+            if self.daemon.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"sitsd did not start; see {log}:\n{log.read_text()[-2000:]}")
+            time.sleep(0.1)
+        self.incarnations.append({"pid": self.daemon.pid, "acknowledged": 0})
+
+    def status(self) -> dict:
+        s = request(self.control, "status", timeout_s=3.0)
+        self.incarnations[-1]["acknowledged"] = max(self.incarnations[-1]["acknowledged"], s["counters"]["commands"])
+        return s
+
+    def wait_recovered(self, since: dict, timeout_s: float) -> float | None:
+        """Seconds until the daemon runs, its audit backlog is empty and 50 more commands were acknowledged."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout_s:
+            try:
+                s = self.status()
+                if (s["state"] == "running" and s.get("audit_backlog", 0) == 0
+                        and s["counters"]["commands"] >= since["counters"]["commands"] + 50):
+                    return time.monotonic() - t0
+            except ControlError:
+                pass
+            time.sleep(0.1)
+        return None
+
+    # -- faults ----------------------------------------------------------------------------------
+    def inject(self, kind: str, hold_s: float) -> str:
+        if kind == "kill9":
+            self.status()
+            self.daemon.send_signal(signal.SIGKILL)
+            self.daemon.wait(10)
+            time.sleep(hold_s / 2)
+            self.start_daemon()
+            return f"pid {self.incarnations[-2]['pid']} killed, {self.incarnations[-1]['pid']} started"
+        if kind == "plc_disconnect":
+            self.plc_stats.append(self.sim.ask("stats", "stats"))
+            self.sim.close()
+            time.sleep(hold_s)
+            self.sim = self._start_sim()
+            return f"PLC down {hold_s:.1f} s"
+        if kind == "tpm_loss":
+            self.tpm.stop()
+            time.sleep(hold_s)
+            self.tpm = Swtpm(self.work / "tpm").start()
+            return f"TPM gone {hold_s:.1f} s"
+        if kind == "burst_10x":
+            flood = Simulator(self.udp_url, self.work / "device.pem", self.model_sha, seed=4,
+                              rate_hz=self.rate_hz * 10, workdir=self.work, port=0,
+                              extra_args=("--publisher-id", "8"), log_name="flood.log")
+            time.sleep(hold_s)
+            flood.close()
+            return f"{self.rate_hz * 10:g} extra frames/s for {hold_s:.1f} s"
+        if kind == "disk_full":
+            filler = self.disk / "filler"
+            with open(filler, "wb") as fh:
+                try:
+                    while True:
+                        fh.write(b"\0" * (1 << 16))
+                        fh.flush()
+                except OSError:
+                    pass
+            time.sleep(hold_s)
+            held = self.status().get("audit_held", 0)
+            filler.unlink()
+            return f"disk full {hold_s:.1f} s, {held} commands held"
+        raise ValueError(kind)
+
+    def close(self) -> None:
+        if self.daemon is not None and self.daemon.poll() is None:
+            self.status()
+            self.daemon.send_signal(signal.SIGTERM)
+            self.daemon.wait(20)
+        try:
+            self.plc_stats.append(self.sim.ask("stats", "stats"))
+        except Exception:  # noqa: BLE001 - a simulator that already stopped has nothing more to say
+            pass
+        self.sim.close()
+        self.tpm.stop()
+
+    def unmount(self) -> None:
+        if self.root:
+            subprocess.run(["umount", "-l", str(self.disk)], capture_output=True)
+
+    # -- the audit log after the run -------------------------------------------------------------
+    def audit_result(self) -> tuple[bool, int, str]:
+        try:
+            segments = verify_directory(self.audit)
+        except AuditError as exc:
+            return False, -1, str(exc)
+        acked_by_pid: dict[int, int] = {}
+        for f, _ in segments:
+            pid = (segment_header(f) or {}).get("pid")
+            acked_by_pid[pid] = acked_by_pid.get(pid, 0) + sum(r["outcome"] == "acknowledged" for r in read_records(f))
+        lost = sum(max(0, inc["acknowledged"] - acked_by_pid.get(inc["pid"], 0)) for inc in self.incarnations)
+        return True, lost, f"{len(segments)} segments"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=40.0, help="length of the run (default 40)")
+    ap.add_argument("--rate", type=float, default=100.0, help="nominal frames per second (default 100)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, audit log)")
+    args = ap.parse_args(argv)
+    if not shutil.which("swtpm"):
+        raise SystemExit("bench/soak.py needs swtpm (make test installs it)")
+    say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else print
+    work = Path(tempfile.mkdtemp(prefix="sits-soak-"))
+    soak = Soak(work, args.rate, say)
+    faults = [f for f in FAULTS if f != "disk_full" or soak.root]
+    results: list[dict] = []
+    t_start = time.monotonic()
+    try:
+        soak.start_daemon()
+        slot = max(3.0, args.seconds / len(faults))
+        rss_start = None
+        for kind in faults:
+            t_slot = time.monotonic()
+            before = soak.status()
+            detail = soak.inject(kind, hold_s=min(2.0, slot / 3))
+            recovery = soak.wait_recovered(before, timeout_s=max(10.0, slot))
+            results.append({"fault": kind, "recovered": recovery is not None,
+                            "recovery_s": round(recovery, 2) if recovery is not None else None, "detail": detail})
+            say(f"{kind:15} {'recovered in %.2f s' % recovery if recovery is not None else 'NOT RECOVERED':22} {detail}")
+            if kind == "kill9":  # the final incarnation: its memory is what must stay flat
+                time.sleep(1.0)
+                rss_start = _rss_mb(soak.daemon.pid)
+            rest = slot - (time.monotonic() - t_slot)
+            if rest > 0:
+                time.sleep(rest)
+        final = soak.status()
+        rss_end = _rss_mb(soak.daemon.pid)
+    finally:
+        soak.close()
+    chain_ok, lost, audit_detail = soak.audit_result()
+    if args.keep and soak.root:  # the audit log lives on the tmpfs: keep a copy before it goes
+        shutil.copytree(soak.audit, work / "audit-copy")
+    soak.unmount()
+    rejected = sum(s.get("rejected", 0) for s in soak.plc_stats)
+    summary = {
+        "seconds": round(time.monotonic() - t_start, 1),
+        "faults_injected": len(results),
+        "faults_recovered": sum(r["recovered"] for r in results),
+        "faults": results,
+        "skipped": [] if soak.root else ["disk_full (needs root to mount a tmpfs)"],
+        "acknowledged_records_lost": lost,
+        "audit_chain_valid": chain_ok,
+        "audit": audit_detail,
+        "commands_final_incarnation": final["counters"]["commands"],
+        "plc_rejected": rejected,
+        "alerts": final.get("alerts", {}),
+        "rss_start_mb": round(rss_start, 1) if rss_start else None,
+        "rss_end_mb": round(rss_end, 1),
+        "rss_growth_mb": round(rss_end - rss_start, 1) if rss_start else None,
+    }
+    say(f"\n{summary['faults_recovered']}/{summary['faults_injected']} faults recovered, "
+        f"{lost} acknowledged records lost, audit chain {'valid' if chain_ok else 'BROKEN'} ({audit_detail}), "
+        f"RSS {summary['rss_start_mb']} -> {summary['rss_end_mb']} MB, PLC rejected {rejected}")
+    if args.keep:
+        say(f"work directory kept: {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        print(json.dumps(summary))
+    ok = (summary["faults_recovered"] == summary["faults_injected"] and lost == 0 and chain_ok)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
