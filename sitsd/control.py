@@ -5,30 +5,119 @@ Served on the I/O thread's event loop; `request()` is the blocking client used b
 from __future__ import annotations
 
 import asyncio
+import grp
+import inspect
 import json
 import os
+import pwd
 import socket
-from collections.abc import Callable
+import struct
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from .errors import ControlError
 
 
-async def serve(path: Path, handlers: dict[str, Callable[[dict], dict]]) -> asyncio.AbstractServer:
+# Commands any client that can open the socket may run; every other command (reload, update,
+# rollback, stop, deploy, and any command added later) needs the operator role.
+READ_ONLY = frozenset({"status", "events", "diagnose"})
+
+
+class Peer:
+    """The process on the other end of the socket, from the kernel (SO_PEERCRED), not from the request."""
+
+    __slots__ = ("pid", "uid", "gid")
+
+    def __init__(self, pid: int, uid: int, gid: int) -> None:
+        self.pid, self.uid, self.gid = pid, uid, gid
+
+    @classmethod
+    def of(cls, sock: socket.socket | None) -> "Peer | None":
+        if sock is None:
+            return None
+        pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        return cls(pid, uid, gid)
+
+    @property
+    def user(self) -> str:
+        try:
+            return pwd.getpwuid(self.uid).pw_name
+        except KeyError:
+            return str(self.uid)
+
+    def __repr__(self) -> str:
+        return f"pid {self.pid} uid {self.uid} ({self.user})"
+
+
+class ControlAccess:
+    """Roles on the control socket. Operators: root, the daemon's own user, and members of
+    control.operator_group. Everyone else who can open the socket (its file mode is 0660) is a viewer
+    and may run only READ_ONLY commands."""
+
+    def __init__(self, operator_group: str | None = None) -> None:
+        self.operator_group = operator_group
+        self._gid = None
+        if operator_group:
+            try:
+                self._gid = grp.getgrnam(operator_group).gr_gid
+            except KeyError:
+                self._gid = None  # refused below with a message that names the missing group
+
+    def is_operator(self, peer: Peer) -> bool:
+        if peer.uid in (0, os.geteuid()):
+            return True
+        if self._gid is None:
+            return False
+        if peer.gid == self._gid:
+            return True
+        try:
+            return peer.user in grp.getgrgid(self._gid).gr_mem
+        except KeyError:
+            return False
+
+    def check(self, command: str, peer: Peer | None) -> str | None:
+        """None if allowed, else the reason (sent back to the client)."""
+        if command in READ_ONLY or peer is None or self.is_operator(peer):
+            return None
+        group = (f"not in group {self.operator_group}" if self._gid is not None else
+                 f"group {self.operator_group!r} does not exist" if self.operator_group else
+                 "no control.operator_group is configured")
+        return (f"command {command!r} needs the operator role: {peer} is not root, not the daemon's user and "
+                f"{group}; read-only commands: {', '.join(sorted(READ_ONLY))}")
+
+
+async def serve(path: Path, handlers: dict[str, Callable[[dict], dict | Awaitable[dict]]],
+                access: ControlAccess | None = None,
+                on_command: Callable[[str, "Peer | None"], None] | None = None) -> asyncio.AbstractServer:
+    """Serve `handlers` on a unix socket. `access` decides per command from the peer's kernel
+    credentials; `on_command` is told about every allowed command that is not read-only (for the log)."""
+    access = access or ControlAccess()
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() or path.is_symlink():
         path.unlink()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
+            peer = Peer.of(writer.get_extra_info("socket"))
+        except OSError:
+            peer = None
+        try:
             while line := await reader.readline():
                 try:
                     req = json.loads(line)
                     command = req.get("command")
+                    refused = access.check(command, peer) if command in handlers else None
                     if command not in handlers:
                         answer = {"ok": False, "error": f"unknown command {command!r}; known: {', '.join(handlers)}"}
+                    elif refused:
+                        answer = {"ok": False, "error": refused, "refused": True}
                     else:
-                        answer = {"ok": True, **handlers[command](req)}
+                        if on_command is not None and command not in READ_ONLY:
+                            on_command(command, peer)
+                        answer = handlers[command](req)
+                        if inspect.isawaitable(answer):  # async handlers: long work off this event loop
+                            answer = await answer
+                        answer = {"ok": True, **answer}
                 except (ValueError, AttributeError) as exc:
                     answer = {"ok": False, "error": f"bad request: {exc}"}
                 writer.write(json.dumps(answer).encode() + b"\n")

@@ -1,0 +1,91 @@
+"""Roles on the control socket, decided from the peer's kernel credentials (SO_PEERCRED)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from ..conftest import EXAMPLE_CONFIG, REPO, random_suffix, sitsd_args, wait_ready
+
+NOBODY = 65534
+
+
+def _as_user(socket_path, command: str, uid: int, gid: int) -> dict:
+    """Run a control request in a child process that dropped to uid/gid (root can)."""
+    code = textwrap.dedent(f"""
+        import json, os, sys
+        sys.path.insert(0, {str(REPO)!r})
+        from sitsd.control import request  # imported before dropping: the venv may not be readable for nobody
+        from sitsd.errors import ControlError
+        os.setgroups([]); os.setgid({gid}); os.setuid({uid})
+        try:
+            print(json.dumps(request({str(socket_path)!r}, {command!r})))
+        except ControlError as exc:
+            print(json.dumps({{"error": str(exc)}}))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.fixture
+def operators_group():
+    name = f"sitsop{random_suffix()}"
+    r = subprocess.run(["groupadd", "--system", name], capture_output=True, text=True)
+    assert r.returncode == 0, f"groupadd: {r.stderr} (the test needs root)"
+    try:
+        import grp
+
+        yield name, grp.getgrnam(name).gr_gid
+    finally:
+        subprocess.run(["groupdel", name], capture_output=True)
+
+
+def test_viewers_read_operators_change(plcsim, tmp_path, operators_group):
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    group, gid = operators_group
+    reachable = Path(tempfile.mkdtemp(prefix="sits-ctl-"))  # pytest's tmp dirs are private to root
+    reachable.chmod(0o755)
+    audit, control = tmp_path / "audit", reachable / "c.sock"
+    endpoint, udp_url, _ = plcsim(audit / "signer.pub.pem")
+    proc = subprocess.Popen(sitsd_args(EXAMPLE_CONFIG, plc__endpoint=endpoint, transport__url=udp_url,
+                                       attestation__mode="software", plc__security="none", audit__directory=audit,
+                                       control__socket=control, control__operator_group=group),
+                            stderr=open(tmp_path / "log", "wb"), cwd=REPO)
+    try:
+        wait_ready(proc, tmp_path / "log")
+        os.chmod(control, 0o666)  # let an unprivileged user reach the socket; roles decide the rest
+        viewer_status = _as_user(control, "status", NOBODY, NOBODY)
+        assert viewer_status.get("state") == "running"
+        refused = _as_user(control, "reload", NOBODY, NOBODY)
+        assert "needs the operator role" in refused["error"] and f"not in group {group}" in refused["error"]
+        allowed = _as_user(control, "reload", NOBODY, gid)  # same user, now in the operators' group
+        assert "error" not in allowed, allowed
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+        shutil.rmtree(reachable, ignore_errors=True)
+    log = (tmp_path / "log").read_text()
+    assert '"command": "reload"' in log and f"uid {NOBODY}" in log  # who changed what is in the journal
+
+
+def test_access_rules_without_a_daemon():
+    from sitsd.control import READ_ONLY, ControlAccess, Peer
+
+    access = ControlAccess(None)
+    assert access.check("status", Peer(1, NOBODY, NOBODY)) is None
+    assert "no control.operator_group is configured" in access.check("update", Peer(1, NOBODY, NOBODY))
+    assert access.check("update", Peer(1, 0, 0)) is None  # root
+    assert access.check("stop", Peer(1, os.geteuid(), 0)) is None  # the daemon's own user
+    missing = ControlAccess("no-such-group-sits")
+    assert "does not exist" in missing.check("rollback", Peer(1, NOBODY, NOBODY))
+    assert {"status", "events"} <= READ_ONLY and "reload" not in READ_ONLY
