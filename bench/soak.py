@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Soak under faults: a real sitsd against the PLC simulator, with faults injected one after another.
 
-    python bench/soak.py [--seconds 40] [--json]
+    python bench/soak.py [--seconds 40] [--rate 1000] [--json]
 
 The daemon signs with swtpm (tpm-direct, so the device key survives restarts) and writes its audit
 log onto a small tmpfs (root only; without root the disk-full fault is skipped and reported). Each
@@ -12,8 +12,10 @@ audit backlog empty, and at least 50 new acknowledged commands. The faults, in o
   plc_disconnect  the PLC (simulator) stops and comes back on the same endpoint
   tpm_loss        swtpm stops and comes back with its state
   burst_10x       a second publisher floods the frame stream at ten times the nominal rate
+  malformed       a burst of 500 malformed UADP datagrams on the frame stream
   disk_full       the audit file system fills up, then gets room again
 
+frames, commands and drops are those of the final daemon incarnation (the one started after kill9).
 acknowledged_records_lost counts, for each daemon incarnation, the commands its status reported as
 acknowledged that have no acknowledged record in the audit log. rss_growth_mb compares the final
 daemon's resident memory shortly after its start with the value at the end (the faults after the
@@ -44,7 +46,7 @@ from sitsd.demo import Simulator, _free_udp_port  # noqa: E402
 from sitsd.errors import ControlError  # noqa: E402
 
 CONFIG = REPO / "examples" / "rolling-mill.yaml"
-FAULTS = ("kill9", "plc_disconnect", "tpm_loss", "burst_10x", "disk_full")
+FAULTS = ("kill9", "plc_disconnect", "tpm_loss", "burst_10x", "malformed", "disk_full")
 
 
 def _free_tcp_port() -> int:
@@ -69,7 +71,7 @@ class Soak:
         self.disk = work / "disk"
         self.disk.mkdir()
         if self.root:
-            r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(self.disk)],
+            r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(self.disk)],
                                capture_output=True, text=True)
             self.root = r.returncode == 0
         self.audit = self.disk / "audit"
@@ -96,6 +98,9 @@ class Soak:
                            "attestation.mode": "tpm2", "attestation.tcti": self.tpm.tcti,
                            "attestation.signing": "tpm-direct", "plc.security": "none",
                            "audit.directory": self.audit, "control.socket": self.control,
+                           # about 1 MB of audit log per second at 1 kHz: rotation, compression and
+                           # retention run during the soak too
+                           "audit.segment_max_mb": 8, "audit.max_total_mb": 96,
                            "metrics.port": 0}.items():
             args += ["--set", f"{key}={value}"]
         log = self.work / "sitsd.log"
@@ -158,6 +163,22 @@ class Soak:
             time.sleep(hold_s)
             flood.close()
             return f"{self.rate_hz * 10:g} extra frames/s for {hold_s:.1f} s"
+        if kind == "malformed":
+            import random
+
+            from plc.udp import UdpPublisher
+
+            rng = random.Random(5)
+            pub = UdpPublisher(self.udp_url)
+            valid_prefix = bytes([0xF1, 0x21])  # a UADP version-1 header start, then garbage
+            for i in range(500):
+                junk = bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 96)))
+                pub.send(valid_prefix + junk if i % 2 else junk)
+                if i % 50 == 49:
+                    time.sleep(0.01)
+            pub.close()
+            time.sleep(hold_s / 2)
+            return f"500 malformed datagrams, {self.status()['counters'].get('malformed', '?')} counted malformed"
         if kind == "disk_full":
             filler = self.disk / "filler"
             with open(filler, "wb") as fh:
@@ -206,7 +227,7 @@ class Soak:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=40.0, help="length of the run (default 40)")
-    ap.add_argument("--rate", type=float, default=100.0, help="nominal frames per second (default 100)")
+    ap.add_argument("--rate", type=float, default=1000.0, help="nominal frames per second (default 1000)")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, audit log)")
     args = ap.parse_args(argv)
@@ -245,8 +266,17 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copytree(soak.audit, work / "audit-copy")
     soak.unmount()
     rejected = sum(s.get("rejected", 0) for s in soak.plc_stats)
+    counters = final["counters"]
+    drops = {"timestamp": counters.get("dropped_timestamp", 0), "constraint": counters.get("dropped_constraint", 0),
+             "malformed": counters.get("malformed", 0), "expired": counters.get("expired", 0),
+             "deadline_missed": counters.get("deadline_missed", 0), "sign_errors": counters.get("sign_errors", 0),
+             "audit_held": final.get("audit_held", 0)}
     summary = {
         "seconds": round(time.monotonic() - t_start, 1),
+        "rate_hz": args.rate,
+        "frames": counters.get("frames", 0),
+        "commands": counters.get("commands", 0),
+        "drops": drops,
         "faults_injected": len(results),
         "faults_recovered": sum(r["recovered"] for r in results),
         "faults": results,
@@ -254,7 +284,6 @@ def main(argv: list[str] | None = None) -> int:
         "acknowledged_records_lost": lost,
         "audit_chain_valid": chain_ok,
         "audit": audit_detail,
-        "commands_final_incarnation": final["counters"]["commands"],
         "plc_rejected": rejected,
         "alerts": final.get("alerts", {}),
         "rss_start_mb": round(rss_start, 1) if rss_start else None,
