@@ -99,7 +99,25 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also write every frame to RollingMill.SensorFrame (for the opcua-subscription transport)")
     ap.add_argument("--control-stdin", action="store_true",
                     help="take 'stats' and 'stop' lines on stdin; end of input stops the simulator")
+    ap.add_argument("--fault", default=None, metavar="KIND@SECONDS[:SIGNAL][xMAG]",
+                    help="inject a fault at that time, e.g. stuck_sensor@20:entry_thickness, plc_fault@15, roll_wear@10x2 "
+                    "(kinds: sensor_drift stuck_sensor clock_skew network_delay actuator_saturation roll_wear plc_fault)")
     return ap
+
+
+def _check_fault(text: str | None, profile: str) -> str | None:
+    from plc.simulator.faults import FaultError, parse_fault
+
+    if text is None:
+        return None
+    try:
+        spec = parse_fault(text, profile)
+    except FaultError as exc:
+        raise SystemExit(f"sitsctl plcsim: --fault: {exc}") from None
+    if spec.kind == "model_drift":
+        raise SystemExit("sitsctl plcsim: --fault model_drift: the model runs in sitsd, not in the PLC; "
+                         "bench/rca.py injects it in its offline scenarios")
+    return text
 
 
 async def run(args) -> int:
@@ -109,7 +127,7 @@ async def run(args) -> int:
                                  launch_offset_us=args.launch_offset_us, field_encoding=args.field_encoding,
                                  profile=args.profile,
                                  security=args.security, pki_dir=str(args.pki) if args.pki else None,
-                                 publish_opcua_frames=args.opcua_frames)
+                                 publish_opcua_frames=args.opcua_frames, fault=_check_fault(args.fault, args.profile))
     if args.security != "none" and args.pki is None:
         raise SystemExit("sitsctl plcsim: --security needs --pki DIR")
     if bool(args.eth_url) != bool(args.eth_interface):

@@ -38,7 +38,7 @@ def plcsim(tmp_path):
 
     def start(trust_key: Path, model_sha256: str | None = None, port: int = 0, udp_url: str | None = None,
               security: str = "none", pki: Path | None = None,
-              session: bool = False) -> tuple[str, str, subprocess.Popen]:
+              session: bool = False, extra_args: tuple[str, ...] = ()) -> tuple[str, str, subprocess.Popen]:
         if udp_url is None:
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
                 s.bind(("127.0.0.1", 0))
@@ -47,6 +47,7 @@ def plcsim(tmp_path):
                 "--trust-device-key" if session else "--trust-key", str(trust_key), "--control-stdin"]
         if model_sha256:
             args += ["--model-sha256", model_sha256]
+        args += list(extra_args)  # e.g. ("--fault", "network_delay@10")
         if security != "none":
             args += ["--security", security, "--pki", str(pki)]
         proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,

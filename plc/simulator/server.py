@@ -30,6 +30,7 @@ from ..eth import EthPublisher
 from ..profiles import get_profile
 from ..opcua_security import SERVER_POLICIES, Pki, TrustListValidator
 from ..udp import UdpPublisher
+from .faults import FaultInjector, parse_fault
 from .physics import SIGNALS, DisturbanceSequence, MillParameters, Stand
 
 NAMESPACE_URI = "urn:sits2026:plc-simulator"
@@ -76,6 +77,7 @@ class SimulatorSettings:
     security: str = "none"  # none | sign | sign-and-encrypt (Basic256Sha256)
     pki_dir: str | None = None  # created with a self-signed server certificate when empty
     application_uri: str = "urn:sits2026:plc-simulator"
+    fault: str | None = None  # inject one fault: KIND@SECONDS[:SIGNAL][xMAGNITUDE] (plc/simulator/faults.py)
 
 
 class RollingMillSimulator:
@@ -93,6 +95,7 @@ class RollingMillSimulator:
         dt = 1.0 / settings.rate_hz
         self.dt = dt
         self._disturbances = DisturbanceSequence(self.p, settings.seed, dt)
+        self.fault = FaultInjector(parse_fault(settings.fault, settings.profile), self.p) if settings.fault else None
         self.closed = Stand(self.p, dt)
         self.open = Stand(self.p, dt)
         self._layout = compile_layout(len(SIGNALS), settings.field_encoding)
@@ -260,7 +263,7 @@ class RollingMillSimulator:
                 self._step(reading)
                 net_seq += 1
                 msg = UadpMessage(self.s.publisher_id, self.s.writer_group_id, self.s.writer_id,
-                                  net_seq, net_seq, time.time_ns(), tuple(reading.tolist()))
+                                  net_seq, net_seq, self._sender_ns(), tuple(reading.tolist()))
                 publisher.send(self._layout.encode(msg))
                 if self._loop is not None and (self.s.publish_opcua_frames or net_seq % 10 == 0):
                     # every frame when a subscriber reads frames over OPC UA; else 10 Hz for people browsing
@@ -275,13 +278,25 @@ class RollingMillSimulator:
         finally:
             publisher.close()
 
+    def _sender_ns(self) -> int:
+        """The frame's sender stamp: our clock, unless a fault skews the PLC clock or delays the network
+        (a frame that waited in a queue arrives with an older stamp)."""
+        if self.fault is None:
+            return time.time_ns()
+        offset, delay = self.fault.timing(self.steps * self.dt)
+        return time.time_ns() + offset - delay
+
     def _step(self, reading: np.ndarray) -> None:
         d = self._disturbances.next()
+        t_s = self.steps * self.dt
+        if self.fault is not None:
+            self.fault.plant(t_s, d)
         with self._lock:
             if not self._in_fallback and time.monotonic() - self._last_command_mono > self.s.command_timeout_s:
                 self._in_fallback = True
                 self.fallbacks += 1
             setpoint = 0.0 if self._in_fallback else self._setpoint
+            setpoint = self.fault.setpoint(t_s, setpoint) if self.fault is not None else setpoint
             self.closed.step(setpoint, d)
             self.open.step(0.0, d)
             self.steps += 1
@@ -290,6 +305,17 @@ class RollingMillSimulator:
                 self._err_open += abs(self.open.exit - self.p.exit_target)
                 self._err_steps += 1
         self.closed.measure(d, reading)
+        if self.fault is not None:
+            self.fault.sensors(t_s, reading)
+            diagnostic = self.fault.diagnostic(t_s)
+            if diagnostic is not None and self._loop is not None:
+                self._loop.call_soon_threadsafe(self._report_fault, *diagnostic)
+
+    def _report_fault(self, text: str, word: int) -> None:
+        """plc_fault: the controller shows its vendor's diagnostic text and status word."""
+        if self.server is not None:
+            self._loop.create_task(self._diagnostic_node.write_value(ua.Variant(text, ua.VariantType.String)))
+            self._loop.create_task(self._status_node.write_value(ua.Variant(word, ua.VariantType.UInt32)))
 
     def _publish_opcua(self, values: list[float], sent_ns: int, with_signals: bool) -> None:
         if self.server is None:
