@@ -35,6 +35,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,10 +60,35 @@ def canonical_json(obj) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
 
 
+# Keys of manifest.json outside the artifact hash: the hash itself, and the bounds certificate that
+# `sitsctl check` attaches after compiling (it names the model hash it is about, so it binds itself).
+ANNOTATIONS = ("artifact_sha256", "bounds_certificate")
+
+
 def artifact_sha256(manifest: dict) -> str:
-    """The whole-artifact SHA-256 (hex): over the canonical JSON of the manifest without `artifact_sha256`."""
-    body = {k: v for k, v in manifest.items() if k != "artifact_sha256"}
+    """The whole-artifact SHA-256 (hex): over the canonical JSON of the manifest without its annotations."""
+    body = {k: v for k, v in manifest.items() if k not in ANNOTATIONS}
     return hashlib.sha256(canonical_json(body)).hexdigest()
+
+
+def read_certificate(directory: str | Path) -> dict | None:
+    """The bounds certificate attached to an artifact's manifest, or None."""
+    return _read_manifest(Path(directory)).get("bounds_certificate")
+
+
+def attach_certificate(directory: str | Path, certificate: dict) -> Path:
+    """Store a bounds certificate in the artifact's manifest (atomically); the artifact hash is unchanged."""
+    directory = Path(directory)
+    data = _read_manifest(directory)
+    before = artifact_sha256(data)
+    data["bounds_certificate"] = certificate
+    data["artifact_sha256"] = artifact_sha256(data)
+    assert data["artifact_sha256"] == before  # the certificate is an annotation, never part of the identity
+    target = directory / MANIFEST_FILE
+    tmp = target.with_name(MANIFEST_FILE + ".tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True, indent=1, ensure_ascii=True, allow_nan=False) + "\n")
+    os.replace(tmp, target)
+    return target
 
 
 @dataclass

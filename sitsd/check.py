@@ -75,3 +75,63 @@ def run_check(cfg: Config, max_splits: int = 256) -> dict:
                           f"({r.side} bound {r.bound:.6g} vs limit {r.limit:g})")
         report.append("  fix: constrain the inputs more tightly, bound the model's output head, or widen the limits")
     return {**result, "report": "\n".join(report)}
+
+
+def certify_model(cfg: Config, result: dict, max_splits: int = 256):
+    """A bounds certificate for the config's model over the admissible box `run_check` found (the
+    deployed graph: for a compiled artifact, its dequantized weights)."""
+    from ep.bounds import certify
+
+    lower = [result["bounding_box"][n][0] for n in cfg.model.inputs]
+    upper = [result["bounding_box"][n][1] for n in cfg.model.inputs]
+    limits = [result["actuator_limits"][o] for o in cfg.model.outputs]
+    model_bytes = resolve_model(cfg.model.artifact)[0]
+    return certify(model_bytes, lower, upper, [lo for lo, _ in limits], [hi for _, hi in limits],
+                   max_splits=max_splits)
+
+
+def swap_bounds_check(cfg: Config, candidate) -> tuple[bool, str]:
+    """Before a model is swapped in: re-check the certificate its manifest carries, if it covers the
+    running config's admissible box and actuator limits (fast: replays the recorded splits); else
+    prove the bounds from scratch as `sitsctl check` does. Returns (proven, report)."""
+    from pathlib import Path
+
+    from ep.artifact import read_certificate
+    from ep.bounds import CertificateError
+    from ep.bounds.certificate import Certificate, verify_certificate
+
+    candidate = Path(candidate)
+    trial = cfg.model_copy(update={"model": cfg.model.model_copy(update={"artifact": candidate})})
+    cert_data = None
+    if candidate.is_dir():
+        try:
+            cert_data = read_certificate(candidate)
+        except ModelLoadError as exc:
+            return False, f"model {candidate}: {exc}"
+    if cert_data is not None:
+        rep = check_constraints(cfg.signals, cfg.constraints)
+        if not rep.satisfiable:
+            return False, "the running config's constraints are not satisfiable"
+        lower = np.array([rep.bounding_box[n][0] for n in cfg.model.inputs])
+        upper = np.array([rep.bounding_box[n][1] for n in cfg.model.inputs])
+        by_output = {a.output: a for a in cfg.safety.actuators}
+        lim_lo = np.array([by_output[o].min for o in cfg.model.outputs])
+        lim_hi = np.array([by_output[o].max for o in cfg.model.outputs])
+        try:
+            import json
+
+            cert = Certificate.from_json(json.dumps(cert_data))
+            covers = (np.all(np.array(cert.input_lower) <= lower) and np.all(np.array(cert.input_upper) >= upper)
+                      and np.all(np.array(cert.output_lower) >= lim_lo) and np.all(np.array(cert.output_upper) <= lim_hi))
+            if covers:
+                v = verify_certificate(resolve_model(candidate)[0], cert)
+                return True, (f"model {candidate.name}: certificate in its manifest re-checked ({v.leaves} boxes, "
+                              f"{v.seconds * 1e3:.0f} ms): outputs in [{', '.join(f'{x:.6g}' for x in v.lower)}] .. "
+                              f"[{', '.join(f'{x:.6g}' for x in v.upper)}], inside the actuator limits")
+            note = "its certificate does not cover the running config's input box or limits; proving anew"
+        except (CertificateError, ModelLoadError) as exc:
+            return False, f"model {candidate}: certificate in the manifest does not hold: {exc}"
+    else:
+        note = "no certificate in its manifest; proving anew"
+    result = run_check(trial)
+    return bool(result["bounds_proven"]), f"{note}\n{result['report']}"

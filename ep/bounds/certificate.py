@@ -65,11 +65,16 @@ class Certificate:
         return cert
 
 
-def certify(model_path: str | Path, lower, upper, out_lower=None, out_upper=None, max_splits: int = 256,
+def _model_bytes(model: str | Path | bytes) -> bytes:
+    return bytes(model) if isinstance(model, (bytes, bytearray)) else Path(model).read_bytes()
+
+
+def certify(model_path: str | Path | bytes, lower, upper, out_lower=None, out_upper=None, max_splits: int = 256,
             samples: int = 2048) -> Certificate:
     """Proves the limits (or, where a limit is None, finds bounds) and returns a certificate;
-    raises BoundsError with the counterexample or the open sub-box when it cannot."""
-    data = Path(model_path).read_bytes()
+    raises BoundsError with the counterexample or the open sub-box when it cannot. `model_path` may
+    be the serialized model itself (a compiled artifact's deployed graph)."""
+    data = _model_bytes(model_path)
     res = prove(data, lower, upper, out_lower, out_upper, max_splits=max_splits, samples=samples)
     if not res.proven:
         raise BoundsError(f"cannot certify: {describe_failure(res)}")
@@ -101,13 +106,15 @@ class Verification:
     seconds: float
 
 
-def verify_certificate(model_path: str | Path, cert: Certificate, samples: int = 256) -> Verification:
-    """Raises CertificateError unless the file is the certified model and its bounds still hold."""
+def verify_certificate(model_path: str | Path | bytes, cert: Certificate, samples: int = 256) -> Verification:
+    """Raises CertificateError unless the file (or serialized model) is the certified model and its
+    bounds still hold."""
     t0 = time.perf_counter()
-    data = Path(model_path).read_bytes()
+    data = _model_bytes(model_path)
     digest = hashlib.sha256(data).hexdigest()
     if digest != cert.model_sha256:
-        raise CertificateError(f"model {model_path}: SHA-256 {digest} is not the certified {cert.model_sha256}")
+        where = "the model" if isinstance(model_path, (bytes, bytearray)) else f"model {model_path}"
+        raise CertificateError(f"{where}: SHA-256 {digest} is not the certified {cert.model_sha256}")
     if cert.box_sha256 != box_sha256(cert.input_lower, cert.input_upper):
         raise CertificateError("certificate box does not match its hash (edited?)")
     graph = load_graph(data)

@@ -24,7 +24,7 @@ def test_demo_config_is_proven():
     lo, hi = result["output_bounds"]["roll_gap_correction"]
     assert -0.15 <= lo < hi <= 0.15
     assert result["actuator_limits"]["roll_gap_correction"] == [-0.15, 0.15]
-    assert result["crown_width"] < result["ibp_width"]
+    assert result["crown_width"] <= result["ibp_width"]  # equal when the model's clip head saturates both
     assert "proven bounds" in text and "inside the actuator limits" in text
 
 
@@ -57,3 +57,40 @@ def test_certificate_is_written_and_verifies(tmp_path):
     assert rc == 0
     cert = Certificate.from_json(cert_path.read_text())
     verify_certificate(DEMO_MODEL, cert)  # raises if the model or the bounds changed
+
+
+def test_check_stores_the_certificate_in_a_compiled_artifact_and_a_swap_rechecks_it(tmp_path):
+    """The certificate goes into the artifact's manifest (its hash unchanged); the pre-swap check
+    replays it instead of proving anew, and refuses a manifest whose certificate was edited."""
+    import numpy as np
+
+    from ep.artifact import read_certificate, resolve_model
+    from sitsd.check import swap_bounds_check
+    from sitsd.config import load_config
+
+    rng = np.random.default_rng(5)
+    lo, hi = np.array([3.9, 2.95, 1.3, 7000, 100, 2.5]), np.array([4.1, 3.05, 1.5, 9500, 140, 2.8])
+    np.save(tmp_path / "calibration.npy", (lo + (hi - lo) * rng.random((256, 6))).astype(np.float32))
+    artifact = tmp_path / "artifact"
+    r = subprocess.run([sys.executable, "-m", "sitsd.cli", "compile", str(DEMO_MODEL), "--target", "cpu",
+                        "--quantization", "fp8-adaptive", "--calibration", str(tmp_path / "calibration.npy"),
+                        "--output", str(artifact)], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stdout + r.stderr
+    sha_before = resolve_model(artifact)[1]
+    assert read_certificate(artifact) is None
+    rc, result, text = _check("--set", f"model.artifact={artifact}", "--set", "model.sha256=")
+    assert rc == 0, text
+    assert f"certificate stored in {artifact / 'manifest.json'}" in text
+    cert = Certificate.from_json(json.dumps(read_certificate(artifact)))
+    assert resolve_model(artifact)[1] == sha_before  # an annotation, not part of the artifact's identity
+    verify_certificate(resolve_model(artifact)[0], cert)
+
+    cfg = load_config(EXAMPLE_CONFIG)
+    proven, report = swap_bounds_check(cfg, artifact)
+    assert proven and "certificate in its manifest re-checked" in report, report
+
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    manifest["bounds_certificate"]["output_upper"] = [1e-4]  # a claim the model does not meet
+    (artifact / "manifest.json").write_text(json.dumps(manifest))
+    proven, report = swap_bounds_check(cfg, artifact)
+    assert not proven and "does not hold" in report, report
