@@ -15,7 +15,7 @@ from pydantic import Field, ValidationError
 from .errors import ConfigError
 from .schema import (_ADDRESS_FIELDS, _TRANSPORT_KINDS, Actuator, AttestationSection, AuditSection, Condition,
                      ControlSection, LinearConstraint, LoggingSection, MetricsSection, ModelSection, Module,
-                     OpcUaSubscriptionTransport, PlcSection, PtpSection, RuntimeSection, SafetySection, Signal,
+                     OpcUaSubscriptionTransport, PlcSection, ProofSection, PtpSection, RuntimeSection, SafetySection, Signal,
                      TimingSection, TransportSection, UadpEthTransport, UadpUdpTransport, _Section, parse_when)
 
 # the section types are part of this module's surface: `from sitsd.config import Signal` keeps working
@@ -44,6 +44,7 @@ class Config(_Section):
     runtime: RuntimeSection = RuntimeSection()
     metrics: MetricsSection = MetricsSection()
     logging: LoggingSection = LoggingSection()
+    proof: ProofSection = ProofSection()
 
     @property
     def signal_names(self) -> list[str]:
@@ -145,9 +146,17 @@ def _resolve_paths(data: dict, base: Path) -> None:
     fix(data.get("model"), "artifact")
     fix(data.get("plc"), "pki_dir")
     fix(data.get("audit"), "directory")
+    fix(data.get("proof"), "directory")
+    fix(data.get("proof"), "keys")
     fix(data.get("control"), "socket")
+    fix(data.get("attestation"), "approval")
+    fix(data.get("attestation"), "authority_key")
     for m in data.get("modules") or []:
         fix(m, "path")
+
+
+# sitsctl's global `--tcti` / SITS_TCTI (sitsd.cli.main), applied under each call's own overrides
+CLI_OVERRIDES: dict = {}
 
 
 def load_config(path: str | Path, overrides: dict | None = None) -> Config:
@@ -175,7 +184,7 @@ def load_config(path: str | Path, overrides: dict | None = None) -> Config:
         raise ConfigError(file, [("", line, f"not valid YAML: {reason}")]) from None
     if not isinstance(data, dict):
         raise ConfigError(file, [("", 1, "expected a mapping of sections (version, line, signals, model, ...)")])
-    for dotted, value in (overrides or {}).items():
+    for dotted, value in {**CLI_OVERRIDES, **(overrides or {})}.items():
         section = data
         *parents, leaf = dotted.split(".")
         for p in parents:

@@ -24,6 +24,8 @@ from plc.frame import Frame
 from .gates.constraints import ConstraintGate
 from .gates.safety import SafetyEnvelope
 from .gates.timestamp import CLOCK, FUTURE, REASONS, STALE, TRANSIT, TimestampGate
+from .hotswap import StageSet
+from .wasm import ModuleTrap
 from .stats import STAGE_INDEX, TimingRing
 
 _T = {name: STAGE_INDEX[name] for name in STAGE_INDEX}
@@ -48,7 +50,7 @@ class Counters:
     """Plain ints written by the loop thread, read by the I/O thread (a torn read is harmless)."""
 
     __slots__ = ("frames", "dropped_timestamp", "dropped_constraint", "failsafe", "deadline_missed",
-                 "sign_errors", "submitted", "commands", "expired", "write_errors", "heartbeat")
+                 "sign_errors", "submitted", "commands", "expired", "write_errors", "heartbeat", "module_traps")
 
     def __init__(self) -> None:
         for name in self.__slots__:
@@ -68,7 +70,7 @@ class ControlLoop:
                  submit: Callable[[Outgoing], None], target: str, deadline_ns: int, sign_budget_ns: int,
                  max_consecutive_drops: int, timings: TimingRing, counters: Counters,
                  alerts: deque, loop_cpu: int | None = None, realtime_priority: int | None = None,
-                 clock_policy: str = "warn") -> None:
+                 clock_policy: str = "warn", pre=None, post=None) -> None:
         self.source = source
         self.ts_gate = timestamp_gate
         self.constraints = constraint_gate
@@ -88,6 +90,10 @@ class ControlLoop:
         self.loop_cpu = loop_cpu
         self.realtime_priority = realtime_priority
         self.model_sha256 = model.sha256
+        # pre module -> model -> post module: swapped as one reference between frames (sitsd.hotswap)
+        self.stage_set = StageSet(0, model, model.sha256, str(model.path), pre, post, label="startup")
+        self.last_generation = -1  # the StageSet generation of the last frame that reached the model
+        self.frame_waiter: threading.Event | None = None  # set (once) at the next frame boundary, then cleared
         self.sequence = 0
         self.last_rx_source = -1  # RxStampSource of the last frame, for status
         self.last_vlan_pcp = -1
@@ -95,6 +101,7 @@ class ControlLoop:
         self._stop = threading.Event()
         self.thread: threading.Thread | None = None
         self.crashed: BaseException | None = None
+        self.observe: Callable | None = None  # observe(t_ns, values, command, failsafe): fault attribution's ring
 
     def start(self) -> None:
         self.thread = threading.Thread(target=self._run, name="sitsd-loop", daemon=True)
@@ -127,14 +134,26 @@ class ControlLoop:
                 self.counters.heartbeat += 1
                 if frame is not None:
                     self.step(frame)
+                if self.frame_waiter is not None:
+                    self.frame_boundary()
         except BaseException as exc:  # reported by the I/O thread, which stops the daemon
             self.crashed = exc
             self.alerts.append((time.time_ns(), "loop_crashed", repr(exc), 0, 0))
+
+    def frame_boundary(self) -> None:
+        """Called between frames, before the loop waits for the next one: wakes a hot-swap preparation
+        waiting to run its next step in the loop's idle time (sitsd.hotswap.HotSwap.between_frames)."""
+        waiter = self.frame_waiter
+        if waiter is not None:
+            self.frame_waiter = None
+            waiter.set()
 
     def step(self, frame: Frame) -> None:
         """Run one frame through the loop (public for tests and the benchmark)."""
         # a config reload swaps these references between frames; one frame uses one set of rules
         gate, safety = self.constraints, self.safety
+        st = self.stage_set  # likewise a hot swap: modules and model, read once per frame
+        self.model_sha256 = st.model_sha256
         t_loop = time.time_ns()
         c, stages = self.counters, self.timings.stages
         row = self.timings.next_row()
@@ -186,8 +205,36 @@ class ControlLoop:
             return
         self._consecutive_drops = 0
 
-        self.model.input[0, :] = frame.values[self.input_index]
-        proposed = self.model.run()[0]
+        if st.first_frame < 0:
+            st.first_frame = c.frames
+        st.frames += 1
+        self.last_generation = st.generation
+        model, pre, post = st.model, st.pre, st.post
+        running = pre
+        try:
+            if pre is None:
+                model.input[0, :] = frame.values[self.input_index]
+            else:
+                pre.frames += 1
+                pre.instance.input[:] = frame.values[self.input_index]
+                pre.instance.process()
+                model.input[0, :] = pre.instance.output
+            proposed = model.run()[0]
+            if post is not None:
+                running = post
+                post.frames += 1
+                post.instance.input[:] = proposed
+                post.instance.process()
+                proposed = post.instance.output
+        except ModuleTrap as exc:  # the sandbox stopped it: fail-safe, alert, the loop goes on
+            st.traps += 1
+            if exc.code != "deadline":  # not a preempted call: the module's own fault
+                st.faults += 1
+            running.traps += 1
+            c.module_traps += 1
+            self.alerts.append((t_loop, "module", str(exc), frame.publisher_id, frame.sequence_number))
+            self._send(frame, row, safety.failsafe, True, deadline, "module")
+            return
         p3 = time.perf_counter_ns()
         stages[row, _T["model"]] = (p3 - p2) * 1e-3
 
@@ -235,6 +282,8 @@ class ControlLoop:
         p1 = time.perf_counter_ns()
         self.timings.stages[row, _T["sign"]] = (p1 - p0) * 1e-3
         self.safety.commit(values, frame.sender_timestamp_ns)
+        if self.observe is not None:
+            self.observe(frame.sender_timestamp_ns, frame.values, values, failsafe)
         if failsafe:
             c.failsafe += 1
         c.submitted += 1

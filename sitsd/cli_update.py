@@ -1,0 +1,129 @@
+"""`sitsctl update`, `rollback` and `versions`: hot swap of a running daemon's modules, model and config
+over its control socket (the daemon stages, prepares off its loop, swaps between two frames)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+UPDATE_TIMEOUT_S = 120.0  # a model's bound proof runs inside the request
+
+
+def _socket(args) -> Path:
+    if args.socket:
+        return Path(args.socket)
+    from .cli import parse_overrides
+    from .config import load_config
+
+    return Path(load_config(args.daemon_config, parse_overrides(args.set)).control.socket)
+
+
+def _short(sha: str | None) -> str:
+    return f"{sha[:16]}…" if sha else "-"
+
+
+def _cmd_update(args) -> int:
+    from .control import request
+
+    if args.module:
+        what, params = f"module {args.module}", {"module": str(args.module.resolve()), "name": args.name}
+    elif args.model:
+        what, params = f"model {args.model}", {"model": str(args.model.resolve())}
+    else:
+        what, params = f"config {args.config}", {"config": str(args.config.resolve())}
+    if args.sha256:
+        params["sha256"] = args.sha256
+    if not args.json:
+        print(f"staging {what}: verify hash, prepare off the loop (compile, self-test"
+              f"{', bound proof' if args.model else ''}), swap between two frames ...", flush=True)
+    answer = request(_socket(args), "update", timeout_s=UPDATE_TIMEOUT_S, **{k: v for k, v in params.items() if v})
+    answer.pop("ok", None)
+    if args.json:
+        print(json.dumps(answer))
+        return 0
+    if answer.get("component") == "config":
+        print(f"config {answer['name']} applied live (sha256 {_short(answer['sha256'])}); changed: "
+              f"{', '.join(answer.get('changed') or []) or 'nothing'}")
+    else:
+        print(f"swapped {answer['component']} {answer['name']} sha256 {_short(answer['sha256'])}")
+        if "module" in answer:
+            m = answer["module"]
+            print(f"  version {m['version']}, {m['origin']}, golden vectors passed")
+        if answer.get("bounds"):
+            print("  " + answer["bounds"].replace("\n", "\n  "))
+        print(f"  prepare {answer['prepare_ms']:.2f} ms (total {answer['total_ms']:.1f} ms), generation "
+              f"{answer['previous_generation']} -> {answer['generation']}, first frame on the new version: "
+              f"{answer['swap_frame'] if answer['swap_frame'] >= 0 else 'none yet (no frames arriving)'}")
+        prev = answer.get("previous")
+        if prev:
+            print(f"  previous kept for rollback: {prev.get('name', prev.get('model'))} sha256 {_short(prev.get('sha256'))}"
+                  " (sitsctl rollback)")
+    if answer.get("pcr"):
+        print(f"  measurement log extended, PCR value {_short(answer['pcr'])}")
+    return 0
+
+
+def _cmd_rollback(args) -> int:
+    from .control import request
+
+    params = {"module": args.module} if args.module else ({"model": True} if args.model else {})
+    answer = request(_socket(args), "rollback", timeout_s=UPDATE_TIMEOUT_S, **params)
+    answer.pop("ok", None)
+    if args.json:
+        print(json.dumps(answer))
+        return 0
+    print(f"rolled back {answer['component']} to {answer['name']} sha256 {_short(answer['sha256'])}: generation "
+          f"{answer['previous_generation']} -> {answer['generation']}, first frame {answer['swap_frame']}")
+    return 0
+
+
+def _cmd_versions(args) -> int:
+    from .control import request
+
+    answer = request(_socket(args), "versions")
+    answer.pop("ok", None)
+    if args.json:
+        print(json.dumps(answer))
+        return 0
+    cur = answer["current"]
+    print(f"current stage set: generation {cur['generation']} ({cur['label']}), {cur['frames']} frames, "
+          f"model {cur['model']} sha256 {_short(cur['model_sha256'])}")
+    for stage in ("pre", "post"):
+        m = cur.get(stage)
+        if m:
+            print(f"  {stage:<5}{m['name']} v{m['version']} sha256 {_short(m['sha256'])} ({m['path']})")
+    print(f"{'module version':<40}{'stage':>6}{'frames':>10}{'traps':>7}")
+    for key, m in answer["modules"].items():
+        print(f"{key + ' v' + str(m['version']):<40}{m['stage']:>6}{m['frames']:>10}{m['traps']:>7}")
+    for sha, frames in answer["models"].items():
+        print(f"model {_short(sha):<34}{'':>6}{frames:>10}")
+    for h in answer["history"]:
+        print(f"  {h['action']:<9}{h['component']:<12}{h['name']:<22}generation {h['previous_generation']} -> "
+              f"{h['generation']} at frame {h['swap_frame']}{'  (' + h['reason'] + ')' if h['reason'] else ''}")
+    return 0
+
+
+def register(sub) -> None:
+    """Adds `update` and `rollback` to sitsctl's subcommands."""
+    for name, help_text, func in (
+            ("update", "hot-swap a WASM module, the model or the config of a running sitsd, without losing a frame",
+             _cmd_update),
+            ("rollback", "swap back to the version that ran before the last update (kept loaded)", _cmd_rollback),
+            ("versions", "the running stage set, per-version frame counters and the recent swaps", _cmd_versions)):
+        p = sub.add_parser(name, help=help_text, description=help_text + ". See docs/hotswap.md.")
+        p.add_argument("--daemon-config", type=Path, default=Path("/etc/sitsd/sitsd.yaml"),
+                       help="the running daemon's config, to find its control socket")
+        p.add_argument("--socket", default=None, help="control socket path (instead of --daemon-config)")
+        p.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a field of --daemon-config")
+        p.add_argument("--json", action="store_true", help="print the daemon's answer as JSON")
+        if name == "update":
+            what = p.add_mutually_exclusive_group(required=True)
+            what.add_argument("--module", type=Path, help="a .wat/.wasm module with <stem>.golden.json next to it")
+            what.add_argument("--model", type=Path, help="an ONNX file or a `sitsctl compile` artifact directory")
+            what.add_argument("--config", type=Path, help="a config file: its live sections are applied")
+            p.add_argument("--name", default=None, help="which loaded module --module replaces (default: same file name)")
+            p.add_argument("--sha256", default=None, help="refuse unless the module/model has this SHA-256")
+        elif name == "rollback":
+            what = p.add_mutually_exclusive_group()
+            what.add_argument("--module", metavar="NAME", help="roll back only this module")
+            what.add_argument("--model", action="store_true", help="roll back only the model")
+        p.set_defaults(func=func)

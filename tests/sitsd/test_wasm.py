@@ -1,0 +1,180 @@
+"""The WASM host on real wasmtime: golden vectors, the fast call path, deadlines, fuel, memory limits,
+the .cwasm integrity check, and traps in the loop turning into the fail-safe command."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from sitsd.wasm import CacheIntegrityError, Limits, ModuleTrap, SelfTestError, WasmError, WasmHost
+
+from ..conftest import REPO
+from .test_loop import NOMINAL, build, frame
+
+MODULES = REPO / "wasm_modules"
+MISBEHAVE = REPO / "tests" / "sitsd" / "wasm" / "misbehave.wat"
+SPIN, GROW, UNREACHABLE = 4.4375, 4.3125, 4.1875  # misbehave.wat's triggers (entry_thickness)
+
+
+@pytest.fixture
+def host(tmp_path):
+    h = WasmHost(tmp_path / "cache")
+    yield h
+    h.close()
+
+
+def reference_pre(steps, scale, offset, alpha):
+    """An independent model of pre_filter.wat: scale/offset, then a first-order low-pass started at the input."""
+    y, out = None, []
+    for x in steps:
+        u = scale * np.asarray(x) + offset
+        y = u if y is None else y + alpha * (u - y)
+        out.append(y)
+    return out
+
+
+def reference_post(steps, gain, offset, max_step):
+    y, out = None, []
+    for x in steps:
+        u = gain * np.asarray(x) + offset
+        y = u if y is None else y + np.clip(u - y, -max_step, max_step)
+        out.append(y)
+    return out
+
+
+def test_golden_vectors_follow_the_reference_and_the_modules_reproduce_them(host):
+    pre = json.loads((MODULES / "pre_filter.golden.json").read_text())
+    ins = [s["in"] for s in pre["steps"]]
+    want = reference_pre(ins, np.ones(6), np.zeros(6), np.array([1, 1, 1, .5, .5, .5]))
+    assert np.allclose([s["out"] for s in pre["steps"]], want, rtol=0, atol=1e-12)
+    post = json.loads((MODULES / "post_command.golden.json").read_text())
+    want = reference_post([s["in"] for s in post["steps"]], 1.0, 0.0, 0.05)
+    assert np.allclose([s["out"] for s in post["steps"]], want, rtol=0, atol=1e-12)
+    assert any(abs(a["out"][0] - a["in"][0]) > 1e-9 for a in post["steps"])  # the rate shaping is exercised
+
+    v = host.load("pre_filter", "pre", MODULES / "pre_filter.wat", 6, 6)
+    assert v.version == 1 and v.origin == "compiled"
+    # the serving instance starts fresh: the first call passes the input through
+    v.instance.input[:] = ins[3]
+    v.instance.process()
+    assert np.array_equal(v.instance.output, ins[3])
+    again = host.load("pre_filter", "pre", MODULES / "pre_filter.wat", 6, 6)
+    assert again.origin == "cwasm cache" and again.sha256 == v.sha256
+
+
+def test_a_wrong_golden_vector_refuses_the_module(host, tmp_path):
+    shutil.copy(MODULES / "post_command.wat", tmp_path / "post_command.wat")
+    golden = json.loads((MODULES / "post_command.golden.json").read_text())
+    golden["steps"][3]["out"] = [0.12]  # the rate limit says 0.03 after -0.02
+    (tmp_path / "post_command.golden.json").write_text(json.dumps(golden))
+    with pytest.raises(SelfTestError, match="golden step 3"):
+        host.load("post_command", "post", tmp_path / "post_command.wat", 1, 1)
+    (tmp_path / "post_command.golden.json").unlink()
+    with pytest.raises(SelfTestError, match="no golden vectors"):
+        host.load("post_command", "post", tmp_path / "post_command.wat", 1, 1)
+
+
+def test_module_with_a_wrong_process_signature_is_refused(host, tmp_path):
+    src = (MODULES / "post_command.wat").read_text().replace('(func (export "process") (result i32)',
+                                                             '(func (export "process") (param i32) (result i32)')
+    (tmp_path / "post_command.wat").write_text(src)
+    shutil.copy(MODULES / "post_command.golden.json", tmp_path)
+    with pytest.raises(WasmError, match=r"`process` must be a function \(\) -> i32"):
+        host.load("post_command", "post", tmp_path / "post_command.wat", 1, 1)
+
+
+def test_module_shape_and_pinned_hash_are_checked(host):
+    with pytest.raises(WasmError, match="takes 1 inputs"):
+        host.load("post_command", "pre", MODULES / "post_command.wat", 6, 6)
+    with pytest.raises(WasmError, match="differs from the expected"):
+        host.load("post_command", "post", MODULES / "post_command.wat", 1, 1, expected_sha256="0" * 64)
+
+
+def test_fast_path_matches_the_public_call(host):
+    a = host.load("post_command", "post", MODULES / "post_command.wat", 1, 1).instance
+    b = host.load("post_command", "post", MODULES / "post_command.wat", 1, 1).instance
+    for x in (0.0, 0.1, -0.1, 0.02, 0.5):
+        a.input[0] = b.input[0] = x
+        a.process()
+        b.call_public()
+        assert a.output[0] == b.output[0]
+
+
+@pytest.mark.parametrize("fuel,code", [(None, "deadline"), (200_000, "fuel")])
+def test_endless_loop_is_stopped_and_the_instance_goes_on(host, fuel, code):
+    v = host.load("misbehave", "pre", MISBEHAVE, 6, 6, limits=Limits(deadline_ms=2.0, fuel=fuel))
+    inst = v.instance
+    inst.input[:] = [SPIN, 3.0, 1.4, 8000.0, 120.0, 2.667]
+    with pytest.raises(ModuleTrap) as err:
+        inst.process()
+    assert err.value.code == code
+    inst.input[:] = NOMINAL[:6]
+    inst.process()  # the store is reusable after the trap
+    assert np.array_equal(inst.output, NOMINAL[:6])
+
+
+def test_memory_growth_past_the_limit_is_stopped(host):
+    v = host.load("misbehave", "pre", MISBEHAVE, 6, 6, limits=Limits(memory_bytes=3 * 65536))
+    inst = v.instance
+    inst.input[:] = [GROW, 3.0, 1.4, 8000.0, 120.0, 2.667]
+    with pytest.raises(ModuleTrap) as err:
+        inst.process()
+    assert err.value.code == "memory_out_of_bounds"
+    assert inst.store and inst.instance.exports(inst.store)["memory"].data_len(inst.store) == 3 * 65536
+
+
+def test_corrupted_cwasm_is_refused_and_recompiled(host):
+    v = host.load("pre_filter", "pre", MODULES / "pre_filter.wat", 6, 6)
+    code_path, _ = host.cache.paths(v.sha256)
+    data = bytearray(code_path.read_bytes())
+    mid = len(data) // 2
+    data[mid:mid + 8] = bytes(x ^ 0xFF for x in data[mid:mid + 8])  # wasmtime would deserialize it unchecked
+    code_path.write_bytes(bytes(data))
+    with pytest.raises(CacheIntegrityError, match="differs from"):
+        host.cache.load(host.engine, v.sha256)
+    again = host.load("pre_filter", "pre", MODULES / "pre_filter.wat", 6, 6)
+    assert again.origin.startswith("compiled (cache entry refused")
+    assert host.load("pre_filter", "pre", MODULES / "pre_filter.wat", 6, 6).origin == "cwasm cache"
+
+
+def build_without_rate_limits():
+    """The test loop, with the signals' max_rate removed: trigger frames jump within one millisecond."""
+    from sitsd.config import load_config
+    from sitsd.gates import ConstraintGate
+
+    loop, sent, verifier = build()
+    cfg = load_config(REPO / "examples" / "rolling-mill.yaml")
+    loop.constraints = ConstraintGate([s.model_copy(update={"max_rate": None}) for s in cfg.signals], cfg.constraints)
+    return loop, sent, verifier
+
+
+def test_trap_in_the_loop_sends_failsafe_with_alert_and_the_loop_goes_on(host):
+    loop, sent, verifier = build_without_rate_limits()
+    pre = host.load("misbehave", "pre", MISBEHAVE, 6, 6, limits=Limits(deadline_ms=2.0, fuel=None))
+    post = host.load("post_command", "post", MODULES / "post_command.wat", 1, 1)
+    loop.stage_set.pre, loop.stage_set.post = pre, post
+    loop.step(frame(1))
+    spin = list(NOMINAL)
+    spin[0] = SPIN
+    loop.step(frame(2, spin))
+    loop.step(frame(3))
+    assert len(sent) == 3
+    envs = [verifier.verify(o.envelope).command for o in sent]
+    assert [e.failsafe for e in envs] == [False, True, False]
+    assert envs[1].values == (0.0,)
+    assert loop.counters.module_traps == 1 and pre.traps == 1 and post.traps == 0
+    assert loop.alerts[-1][1] == "module" and "deadline" in loop.alerts[-1][2]
+    assert pre.frames == 3 and post.frames == 2 and loop.stage_set.frames == 3
+
+
+def test_demo_config_runs_both_modules(host):
+    from sitsd.config import load_config
+    from sitsd.hotswap import load_config_modules
+
+    cfg = load_config(REPO / "examples" / "rolling-mill.yaml")
+    assert [m.stage for m in cfg.modules] == ["pre", "post"]
+    wasm, pre, post = load_config_modules(cfg)
+    try:
+        assert pre.name == "pre_filter" and post.name == "post_command"
+    finally:
+        wasm.close()
