@@ -11,6 +11,18 @@ EXAMPLE_CONFIG = REPO / "examples" / "rolling-mill.yaml"
 DEMO_MODEL = REPO / "examples" / "models" / "rolling_mill.onnx"
 
 
+def example_config_data() -> dict:
+    """The example config as a dict with its file paths made absolute, for tests that write a
+    changed copy elsewhere (relative paths resolve against the copy's directory)."""
+    import yaml
+
+    data = yaml.safe_load(EXAMPLE_CONFIG.read_text())
+    data["model"]["artifact"] = str(EXAMPLE_CONFIG.parent / data["model"]["artifact"])
+    for module in data.get("modules") or []:
+        module["path"] = str(EXAMPLE_CONFIG.parent / module["path"])
+    return data
+
+
 @pytest.fixture
 def swtpm(tmp_path_factory):
     """A fresh swtpm per test. `make test` installs swtpm, so its absence is a failure, not a skip."""

@@ -7,7 +7,7 @@ import yaml
 
 from ep.bounds import Certificate, verify_certificate
 
-from ..conftest import DEMO_MODEL, EXAMPLE_CONFIG, REPO
+from ..conftest import DEMO_MODEL, EXAMPLE_CONFIG, REPO, example_config_data
 
 
 def _check(*args, config=EXAMPLE_CONFIG):
@@ -29,8 +29,7 @@ def test_demo_config_is_proven():
 
 
 def test_contradictory_constraints_exit_non_zero_and_are_named(tmp_path):
-    data = yaml.safe_load(EXAMPLE_CONFIG.read_text())
-    data["model"]["artifact"] = str(DEMO_MODEL)
+    data = example_config_data()
     data["constraints"] += [
         {"name": "thin_exit", "coefficients": {"exit_thickness": 1.0}, "max": 2.8},
         {"name": "thick_exit", "coefficients": {"exit_thickness": 1.0}, "min": 3.0},

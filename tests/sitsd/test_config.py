@@ -6,12 +6,11 @@ import yaml
 from sitsd.config import load_config
 from sitsd.errors import ConfigError
 
-from ..conftest import DEMO_MODEL, EXAMPLE_CONFIG
+from ..conftest import DEMO_MODEL, EXAMPLE_CONFIG, example_config_data
 
 
 def _write(tmp_path: Path, mutate) -> Path:
-    data = yaml.safe_load(EXAMPLE_CONFIG.read_text())
-    data["model"]["artifact"] = str(DEMO_MODEL)
+    data = example_config_data()
     mutate(data)
     path = tmp_path / "line.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))

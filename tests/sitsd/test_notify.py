@@ -11,7 +11,7 @@ import pytest
 
 from sitsd.notify import Notifier
 
-from ..conftest import EXAMPLE_CONFIG, REPO, sitsd_args
+from ..conftest import EXAMPLE_CONFIG, REPO, example_config_data, sitsd_args
 
 
 @pytest.fixture
@@ -109,8 +109,7 @@ def test_sighup_reloads_live_rules_and_refuses_the_rest(manager, plcsim, tmp_pat
     audit = tmp_path / "audit"
     endpoint, udp_url, _ = plcsim(audit / "signer.pub.pem")
     control = tmp_path / "control.sock"
-    data = yaml.safe_load(EXAMPLE_CONFIG.read_text())
-    data["model"]["artifact"] = str(EXAMPLE_CONFIG.parent / data["model"]["artifact"])
+    data = example_config_data()
     config = tmp_path / "line.yaml"
     config.write_text(yaml.safe_dump(data, sort_keys=False))
     args = sitsd_args(config, plc__endpoint=endpoint, transport__url=udp_url, attestation__mode="software",
