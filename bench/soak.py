@@ -181,11 +181,10 @@ class Soak:
             return f"500 malformed datagrams, {self.status()['counters'].get('malformed', '?')} counted malformed"
         if kind == "disk_full":
             filler = self.disk / "filler"
-            with open(filler, "wb") as fh:
+            with open(filler, "wb", buffering=0) as fh:
                 try:
                     while True:
                         fh.write(b"\0" * (1 << 16))
-                        fh.flush()
                 except OSError:
                     pass
             time.sleep(hold_s)

@@ -51,11 +51,10 @@ def test_disk_full_holds_commands_loses_no_acknowledged_record_and_recovers(plcs
         wait_ready(proc, tmp_path / "sitsd.log")
         _wait_for(lambda s: s["counters"]["commands"] > 50, 10, "commands flowing", status)
         filler = small_disk / "filler"
-        with open(filler, "wb") as fh:  # the disk fills up
+        with open(filler, "wb", buffering=0) as fh:  # the disk fills up
             try:
                 while True:
                     fh.write(b"\0" * 65536)
-                    fh.flush()
             except OSError:
                 pass
         full = _wait_for(lambda s: s["audit_held"] > 20, 10, "commands held while the disk is full", status)
