@@ -5,9 +5,12 @@ Data comes from the simulator's physics (plc/simulator/physics.py): random mill 
 readings in the config's signal order, and as label the correction that puts the exit
 thickness exactly on target. A small MLP with the input normalisation baked in is trained
 in torch 2.13 and exported to ONNX (opset 17, input "signals" [batch, 6], output "command"
-[batch, 1], millimetres). Its output head is `limit * tanh(.)`: the command is inside
-±limit for every input by construction, which `sitsctl check` then proves on the ONNX graph
-(IBP and CROWN), so the actuator limits hold before the safety envelope has to clamp anything.
+[batch, 1], millimetres). The network is a small ReLU MLP (6->16->16->1) whose output head is
+`limit * clip(., -1, 1)`: the command is inside ±limit for every input by construction, which
+`sitsctl check` then proves on the ONNX graph (IBP and CROWN), so the actuator limits hold
+before the safety envelope has to clamp anything. ReLU and clip (rather than tanh) keep the
+network exactly expressible as a small Groth16 circuit (attestation/zk/compiler.py): the demo's
+policy compiles to a few hundred constraints and is proven whole, see docs/zk.md.
 
     python examples/train_demo_model.py --output examples/models/rolling_mill.onnx
 """
@@ -55,10 +58,10 @@ class GapModel(torch.nn.Module):
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32))
         self.limit = limit
         self.net = torch.nn.Sequential(
-            torch.nn.Linear(6, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+            torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
 
     def forward(self, signals: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.net((signals - self.mean) / self.std)) * self.limit
+        return torch.clamp(self.net((signals - self.mean) / self.std), -1.0, 1.0) * self.limit
 
 
 def main() -> int:
@@ -74,7 +77,7 @@ def main() -> int:
     torch.manual_seed(args.seed)
     x, y = make_dataset(args.samples, args.seed)
     xv, yv = make_dataset(5000, args.seed + 1)
-    # Beyond the actuator's reach the best command is the nearest limit; tanh only approaches it.
+    # Beyond the actuator's reach the best command is the nearest limit; the clip head saturates there.
     reach = 0.98 * args.limit
     print(f"{np.mean(np.abs(y) > reach) * 100:.1f}% of labels beyond ±{reach:.3f} mm, clipped to it")
     y, yv = np.clip(y, -reach, reach), np.clip(yv, -reach, reach)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -19,7 +20,9 @@ EPILOG = """examples:
   sitsctl check --config rolling-mill.yaml --json   prove constraints and model bounds
   sitsctl compile model.onnx --quantization fp8-adaptive --calibration data.npy --output artifact/
   sitsctl pki init --config rolling-mill.yaml   create this device's OPC UA certificate
+  sitsctl deploy --config rolling-mill.yaml --attestation-mode tpm2 --verify-on-boot true
   sitsctl plcsim --trust-key /var/lib/sitsd/audit/signer.pub.pem
+  --tcti STRING (or SITS_TCTI) works with every command: the TPM to use instead of attestation.tcti
 """
 
 
@@ -144,18 +147,18 @@ def _cmd_check(args) -> int:
     cfg = load_config(args.config, parse_overrides(args.set))
     result = run_check(cfg, max_splits=args.max_splits)
     print(result.pop("report"))
-    if args.certificate and result["bounds_proven"] and Path(cfg.model.artifact).is_dir():
-        print("certificate: not written for artifact directories yet (the manifest will carry it)", file=sys.stderr)
-    elif args.certificate and result["bounds_proven"]:
-        from ep.bounds import certify
+    is_artifact = Path(cfg.model.artifact).is_dir()
+    if result["bounds_proven"] and (args.certificate or is_artifact):
+        from .check import certify_model
 
-        lower = [result["bounding_box"][n][0] for n in cfg.model.inputs]
-        upper = [result["bounding_box"][n][1] for n in cfg.model.inputs]
-        limits = [result["actuator_limits"][o] for o in cfg.model.outputs]
-        cert = certify(cfg.model.artifact, lower, upper, [lo for lo, _ in limits], [hi for _, hi in limits],
-                       max_splits=args.max_splits)
-        args.certificate.write_text(cert.to_json())
-        print(f"certificate written to {args.certificate}")
+        cert = certify_model(cfg, result, max_splits=args.max_splits)
+        if is_artifact:  # the manifest carries it; a hot swap re-checks it before the model goes live
+            from ep.artifact import attach_certificate
+
+            print(f"certificate stored in {attach_certificate(cfg.model.artifact, json.loads(cert.to_json()))}")
+        if args.certificate:
+            args.certificate.write_text(cert.to_json())
+            print(f"certificate written to {args.certificate}")
     if args.json:
         print(json.dumps(result))
     return 0 if result["satisfiable"] and result["bounds_proven"] else 1
@@ -294,11 +297,37 @@ def build_parser() -> argparse.ArgumentParser:
     __import__("sitsd.cli_update").cli_update.register(sub)  # sitsctl update / rollback (hot swap)
     __import__("sitsd.cli_diagnose").cli_diagnose.register(sub)  # sitsctl diagnose (fault attribution)
     __import__("sitsd.cli_zk").cli_zk.register(sub)  # sitsctl zk-setup / prove / verify-proof (Groth16)
+    __import__("sitsd.cli_deploy").cli_deploy.register(sub)  # sitsctl deploy, sitsctl policy keygen / approve
     sub.add_parser("plcsim", help="run the rolling-mill PLC simulator (see sitsctl plcsim --help)",
                    add_help=False)
     sub.add_parser("compile", help="compile an ONNX model into a verified artifact: graph passes, FP8/int8 "
                    "weights, zstd weight container, manifest (see sitsctl compile --help)", add_help=False)
     return ap
+
+
+def _take_global_tcti(argv: list[str]) -> list[str]:
+    """`--tcti STRING` anywhere (before `--`), else SITS_TCTI, becomes the attestation.tcti every config
+    sitsctl loads gets (under its own --set); returns argv without it."""
+    from . import config
+
+    tcti, rest, i = os.environ.get("SITS_TCTI") or None, [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            rest += argv[i:]
+            break
+        if arg == "--tcti" and i + 1 < len(argv):
+            tcti, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith("--tcti="):
+            tcti, i = arg.split("=", 1)[1], i + 1
+            continue
+        rest.append(arg)
+        i += 1
+    config.CLI_OVERRIDES.clear()
+    if tcti:
+        config.CLI_OVERRIDES["attestation.tcti"] = tcti
+    return rest
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -311,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         from ep.compile import main as compile_main
 
         return compile_main(argv[1:])
+    argv = _take_global_tcti(argv)
     args = build_parser().parse_args(argv)
     from .log import configure
 

@@ -20,7 +20,7 @@ from .errors import ControlError
 
 # Commands any client that can open the socket may run; every other command (reload, update,
 # rollback, stop, deploy, and any command added later) needs the operator role.
-READ_ONLY = frozenset({"status", "events", "diagnose"})
+READ_ONLY = frozenset({"status", "events", "diagnose", "versions"})
 
 
 class Peer:

@@ -165,7 +165,12 @@ class Daemon:
             timings=self.timings, counters=self.counters, alerts=self.alerts,
             loop_cpu=cfg.runtime.loop_cpu, realtime_priority=cfg.runtime.realtime_priority, pre=pre, post=post)
         self.hotswap = attach(self)
+        # verify_on_boot: what was just measured must match the staged `sitsctl deploy` record, checked by a
+        # fresh TPM quote, before the first command is signed for the PLC; StartupError otherwise
+        self.deployment = __import__("sitsd.deploy").deploy.check_on_boot(self)
         self.rca = attach_rca(self)  # fault attribution: event stream + signal ring (sitsctl diagnose)
+        # Groth16 proofs of commands off the fast path (sitsd/prover.py); chains onto the observer above
+        self.prover = __import__("sitsd.prover").prover.attach_prover(self) if cfg.proof.policy != "off" else None
 
     def _signer_self_test(self) -> int:
         """Sign and verify a few commands; returns the signing budget used by the deadline check."""
@@ -266,6 +271,8 @@ class Daemon:
         record = {"seq": item.sequence, "frame_seq": item.frame_sequence, "values": item.values,
                   "failsafe": item.failsafe, "sent_ns": item.sender_timestamp_ns, "outcome": outcome,
                   "envelope": item.envelope.hex(), **extra}
+        if getattr(self, "prover", None) is not None:  # the proof this command will get (sitsd/prover.py)
+            record.update(self.prover.reference(item.sequence))
         if self.audit_backlog:
             self.audit_backlog.append(record)
             return
@@ -437,7 +444,11 @@ class Daemon:
                 server = await control.serve(Path(self.cfg.control.socket),
                                              {"status": self.status, "stop": self._stop_request,
                                               "reload": self._reload_request, **control_handlers(self),
-                                              "events": self.rca.events_request})
+                                              **__import__("sitsd.deploy").deploy.control_handlers(self),
+                                              "events": self.rca.events_request},
+                                             access=control.ControlAccess(self.cfg.control.operator_group),
+                                             on_command=lambda cmd, peer: self.log.info(
+                                                 "control command", command=cmd, peer=repr(peer)))
                 if self.cfg.metrics.enabled:
                     from .metrics import MetricsExporter
 
@@ -483,7 +494,14 @@ class Daemon:
             if self.source is not None:
                 self.source.close()
             if self.audit is not None:
+                if self.audit_backlog:  # last try; what still cannot be written goes to the journal
+                    self._drain_audit_backlog()
+                if self.audit_backlog:
+                    self.log.error("audit records that could not be written before stopping (disk full)",
+                                   count=len(self.audit_backlog), records=list(self.audit_backlog))
                 self.audit.close()
+            if getattr(self, "prover", None) is not None:
+                self.prover.close()
             if self.wasm is not None:
                 self.wasm.close()
             if self.signer is not None and self._own_signer:

@@ -194,7 +194,7 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
         daemon.ready.wait(60)
         if daemon.startup_error is not None:
             raise StartupError(f"sitsd did not start: {daemon.startup_error}")
-        say(f"sitsd running: model {model_sha[:16]}…, PLC {sim.endpoint}")
+        say(f"sitsd running: model {model_sha[:16]}…, PLC {sim.endpoint}, control socket {workdir / 'control.sock'}")
         start = time.monotonic()
         next_report = start + 1.0
         while True:

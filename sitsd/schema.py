@@ -308,6 +308,12 @@ class AttestationSection(_Section):
                            description="restricted attestation key that quotes the session key")
     measurement_pcr: int = Field(default=23, ge=0, le=23,
                                  description="PCR extended with every deployed model, module and config (hot swaps)")
+    # measured deployment (`sitsctl deploy`, docs/deploy.md); paths are relative to the config's directory
+    verify_on_boot: bool = Field(default=False, description="refuse to start (sign nothing) unless a quote over "
+                                 "the daemon's measurements matches the deployment `sitsctl deploy` staged")
+    approval: Path | None = Field(default=None, description="the authority's approval (sitsctl policy approve)")
+    authority_key: Path | None = Field(default=None, description="the authority's public key (PEM) approvals "
+                                       "are checked against; keep its private key offline")
 
     @model_validator(mode="after")
     def _tcti(self):
@@ -329,6 +335,8 @@ class AuditSection(_Section):
 
 class ControlSection(_Section):
     socket: Path
+    operator_group: str | None = Field(default=None, description="members may reload, update, roll back and stop; "
+                                       "others who can open the socket may only read status and events")
 
 
 class RuntimeSection(_Section):
@@ -348,5 +356,21 @@ class MetricsSection(_Section):
 
 class LoggingSection(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class ProofSection(_Section):
+    """Groth16 proofs that commands follow from their inputs and the model (sitsd/prover.py, docs/zk.md).
+
+    Made off the fast path by a process pool; a full queue drops the proof, never delays a command.
+    Off by default: one proof costs ~0.3-0.5 s of a core, so `every` only suits slow loops."""
+
+    policy: Literal["off", "every", "one_in_n", "on_alert"] = Field(
+        default="off", description="which commands are proven: none, all, one in n, or the first after an alert")
+    n: int = Field(default=100, ge=1, description="one_in_n: prove every n-th command")
+    workers: int = Field(default=1, ge=1, le=16, description="prover processes")
+    queue: int = Field(default=8, ge=1, le=4096, description="commands waiting for a prover; beyond: dropped")
+    directory: Path | None = Field(default=None, description="proof files and index (default <audit.directory>/proofs)")
+    keys: Path | None = Field(default=None, description="circuit.zkey + vk.json (default <directory>/keys; a "
+                              "development setup is made there if missing: see `sitsctl zk-setup`)")
 
 

@@ -256,7 +256,9 @@ def test_crown_is_strictly_tighter_than_ibp_on_a_deeper_net():
 @pytest.mark.parametrize("box", [WIDE, TIGHT], ids=["config-ranges", "realistic"])
 def test_demo_model_bounds_are_sound_and_crown_is_tighter(box):
     a = analyze(DEMO_MODEL, *box)
-    assert a.crown_width < a.ibp_width
+    assert a.crown_width <= a.ibp_width  # the clip head can saturate both at ±0.14
+    head_free = analyze(without_output_head(onnx.load(DEMO_MODEL)), *box)
+    assert head_free.crown_width < head_free.ibp_width
     assert np.all(a.crown_lower >= a.ibp_lower) and np.all(a.crown_upper <= a.ibp_upper)
     assert_sound(onnx.load(DEMO_MODEL), *box, n_random=3000)
     c_lo, c_hi = crown_bounds(DEMO_MODEL, *box)
@@ -264,7 +266,7 @@ def test_demo_model_bounds_are_sound_and_crown_is_tighter(box):
 
 
 def test_demo_model_is_proven_inside_the_actuator_limits_on_config_ranges():
-    """The demo model's output head is 0.14 * tanh(.): the ±0.15 mm actuator limits hold by construction,
+    """The demo model's output head is 0.14 * clip(., -1, 1): the ±0.15 mm actuator limits hold by construction,
     and the analysis proves it on the graph without needing a single split."""
     res = prove(DEMO_MODEL, *WIDE, -0.15, 0.15, max_splits=32, samples=1000)
     assert res.proven and res.splits == 0 and res.counterexample is None
@@ -272,10 +274,10 @@ def test_demo_model_is_proven_inside_the_actuator_limits_on_config_ranges():
     assert res.empirical.sampled_lower[0] >= res.lower[0] and res.empirical.sampled_upper[0] <= res.upper[0]
 
 
-def without_output_tanh(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The demo model with its bounding head removed: output = 0.14 * net(x), unbounded."""
+def without_output_head(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The demo model with its bounding head (clip, formerly tanh) removed: output = 0.14 * net(x), unbounded."""
     g = model.graph
-    tanh = [n for n in g.node if n.op_type == "Tanh"][-1]
+    tanh = [n for n in g.node if n.op_type in ("Tanh", "Clip")][-1]
     for node in g.node:
         for i, name in enumerate(node.input):
             if name == tanh.output[0]:
@@ -285,7 +287,7 @@ def without_output_tanh(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def test_unbounded_variant_breaks_the_limits_with_a_real_counterexample():
-    model = without_output_tanh(onnx.load(DEMO_MODEL))
+    model = without_output_head(onnx.load(DEMO_MODEL))
     res = prove(model, *WIDE, -0.15, 0.15, max_splits=32, samples=1000)
     assert not res.proven
     w = res.counterexample
@@ -298,7 +300,7 @@ def test_unbounded_variant_breaks_the_limits_with_a_real_counterexample():
 
 
 def test_branching_proves_what_ibp_and_crown_cannot_on_the_unbounded_variant():
-    model = without_output_tanh(onnx.load(DEMO_MODEL))
+    model = without_output_head(onnx.load(DEMO_MODEL))
     a = analyze(model, *TIGHT)
     sampled_max = prove(model, *TIGHT, None, None, samples=2000).empirical.sampled_upper[0]
     limit = sampled_max + 0.5 * (a.crown_upper[0] - sampled_max)
@@ -430,7 +432,7 @@ def test_identity_model_bounds_are_the_box():
 
 def _unbounded_file(tmp_path):
     path = tmp_path / "m.onnx"
-    onnx.save(without_output_tanh(onnx.load(DEMO_MODEL)), path)
+    onnx.save(without_output_head(onnx.load(DEMO_MODEL)), path)
     return path
 
 

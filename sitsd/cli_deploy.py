@@ -1,0 +1,324 @@
+"""sitsctl deploy (measured deployment, docs/deploy.md) and sitsctl policy keygen / approve (the authority)."""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+OK_LINE = "Verified: [OK] DeviceID={device} | ModelSHA256={model} | PolicySig={policy}"
+
+
+class Fail(Exception):
+    """One deployment check failed: the reason goes into the `Verified: [FAIL]` line."""
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("true", "yes", "1"):
+        return True
+    if text.lower() in ("false", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def register(sub) -> None:
+    dp = sub.add_parser(
+        "deploy", help="verify and measure a config, model and modules into the TPM; stage for sitsd",
+        description="Validates the config, checks the approval's signature against the authority key and the "
+        "artifact's real SHA-256 against the approval and the config pin, provisions the policy-bound device key "
+        "and the AK when absent, measures model, modules, config and approval into attestation.measurement_pcr, "
+        "has the device key sign under PolicyAuthorize, quotes with a fresh nonce, verifies it all and stages the "
+        "record in audit.directory/deployment.json for the next start. Prints one line: Verified: [OK] ... or "
+        "Verified: [FAIL] <reason> (exit 1). See docs/deploy.md.")
+    dp.add_argument("--config", type=Path, required=True)
+    dp.add_argument("--attestation-mode", choices=("tpm2", "software", "none"), default=None,
+                    help="tpm2: measure into the TPM and quote; software: the same log without a TPM (development); "
+                    "none: checks only (default: attestation.mode of the config)")
+    dp.add_argument("--verify-on-boot", type=_bool, default=False, metavar="{true,false}",
+                    help="sitsd refuses to start unless its measurements match this deployment (default false)")
+    dp.add_argument("--tcti", default=None, help="TPM to use (also a global option; default attestation.tcti, "
+                    "or SITS_TCTI)")
+    dp.add_argument("--approval", type=Path, default=None, help="approval file (default attestation.approval)")
+    dp.add_argument("--authority-pub", type=Path, default=None,
+                    help="authority public key, PEM (default attestation.authority_key)")
+    dp.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
+    dp.add_argument("--json", action="store_true", help="also print the deployment record as JSON (last line)")
+    dp.set_defaults(func=_cmd_deploy)
+
+    pol = sub.add_parser("policy", help="the authority's key pair and approvals of a model (PolicyAuthorize)",
+                         description="keygen: a P-256 authority key pair for development; approve: sign the PCR "
+                         "state a config's model and modules produce, so the device key works for it.")
+    psub = pol.add_subparsers(dest="action", required=True, metavar="ACTION")
+    kg = psub.add_parser("keygen", help="create authority.key.pem and authority.pub.pem (development)")
+    kg.add_argument("--output", type=Path, required=True, help="directory for the key pair")
+    kg.set_defaults(func=_cmd_keygen)
+    ap = psub.add_parser("approve", help="approve the model and modules of a config")
+    ap.add_argument("--authority-key", type=Path, required=True, help="the authority's private key (PEM)")
+    ap.add_argument("--config", type=Path, required=True)
+    ap.add_argument("--output", type=Path, default=Path("approval.json"), help="default ./approval.json")
+    ap.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
+    ap.set_defaults(func=_cmd_approve)
+
+
+def _cmd_keygen(args) -> int:
+    from attestation.tpm.policy import authority_id, generate_authority, load_authority_public
+
+    try:
+        priv, pub = generate_authority(args.output)
+    except FileExistsError:
+        print(f"sitsctl policy keygen: {args.output / 'authority.key.pem'} exists; refusing to overwrite a key",
+              file=sys.stderr)
+        return 2
+    print(f"authority key pair: {priv} (private) and {pub} (public), id {authority_id(load_authority_public(pub))}")
+    print(f"WARNING: {priv} is the authority's PRIVATE key. Keep it OFFLINE (air-gapped signing host or HSM); "
+          "anyone holding it can approve any model for every device. Copy only the public key to devices.",
+          file=sys.stderr)
+    return 0
+
+
+def _cmd_approve(args) -> int:
+    from attestation.deploy import split_events
+    from attestation.tpm.policy import approve, load_authority_private
+
+    from .cli import parse_overrides
+    from .config import load_config
+    from .deploy import config_events
+
+    cfg = load_config(args.config, parse_overrides(args.set))
+    approved, _ = split_events(config_events(cfg, args.config))
+    approval = approve(load_authority_private(args.authority_key), cfg.attestation.measurement_pcr, approved)
+    args.output.write_text(approval.to_json())
+    print(f"approved model {approval.model_sha256} with {len(approved) - 1} module(s): PCR "
+          f"{approval.pcr} = {approval.pcr_value}; written to {args.output}")
+    return 0
+
+
+def _cmd_deploy(args) -> int:
+    t0 = time.perf_counter()
+    try:
+        record = _deploy(args)
+    except Fail as exc:
+        print(f"Verified: [FAIL] {exc}")
+        return 1
+    except Exception as exc:  # a defect, not a verdict: still one [FAIL] line, the traceback on stderr
+        import traceback
+
+        traceback.print_exc()
+        print(f"Verified: [FAIL] internal error ({exc!r}); please report it with the traceback above")
+        return 1
+    record["deploy_ms"] = round((time.perf_counter() - t0) * 1e3, 1)
+    ek = [c for c in record.get("ek_certificates", []) if c.get("der")]
+    print("EK certificate: " + ("; ".join(f"{c['kind']} at {c['index']} ({c['subject']})" for c in ek) if ek
+                                else "none"), file=sys.stderr)
+    print(f"staged: {record['staged']} (PCR {record.get('pcr')} = {record.get('pcr_value', 'not measured')}, "
+          f"verify on boot: {str(record['verify_on_boot']).lower()}, {record['deploy_ms']} ms)", file=sys.stderr)
+    print(OK_LINE.format(device=record["device_id"], model=record["model_sha256"],
+                         policy="valid" if record.get("approval") else "none"))
+    if args.json:
+        print(json.dumps({k: v for k, v in record.items() if k != "approval"}))
+    return 0
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return " ".join(line.strip() for line in text.splitlines()[:3]) if text else type(exc).__name__
+
+
+def _deploy(args) -> dict:
+    from attestation.deploy import (DeployError, measure, measure_software, split_events, verify_record,
+                                    write_record)
+    from attestation.errors import AttestationError
+    from attestation.tpm.policy import Approval, PolicyError, load_authority_public
+    from ep.errors import ModelLoadError
+
+    from .cli import parse_overrides
+    from .config import load_config
+    from .deploy import config_events
+    from .errors import ConfigError
+
+    overrides = parse_overrides(args.set)
+    if args.tcti:
+        overrides["attestation.tcti"] = args.tcti
+    if args.attestation_mode in ("tpm2", "software"):
+        overrides["attestation.mode"] = args.attestation_mode
+    try:
+        cfg = load_config(args.config, overrides)
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        raise Fail(f"config {args.config} is invalid: {_problem(exc)}") from None
+    a = cfg.attestation
+    mode = args.attestation_mode or a.mode
+    if mode == "none" and args.verify_on_boot:
+        raise Fail("--verify-on-boot true needs a measured deployment: --attestation-mode tpm2 (or software)")
+    if mode == "tpm2" and a.signing == "tpm-direct":
+        raise Fail(f"attestation.signing tpm-direct signs every command with the key at 0x{a.key_handle:08x} by "
+                   "password, which a policy-bound device key refuses: use signing: tpm-session for measured "
+                   "deployment")
+    if a.key_handle == a.ak_handle:
+        raise Fail("attestation.key_handle and attestation.ak_handle must differ")
+
+    approval_path = Path(args.approval).resolve() if args.approval else a.approval
+    authority_path = Path(args.authority_pub).resolve() if args.authority_pub else a.authority_key
+    approval = authority = None
+    if mode != "none" or approval_path:
+        if approval_path is None:
+            raise Fail("no approval: pass --approval FILE or set attestation.approval (the authority makes one with "
+                       "`sitsctl policy approve`)")
+        if authority_path is None:
+            raise Fail("no authority public key: pass --authority-pub FILE or set attestation.authority_key")
+        try:
+            authority = load_authority_public(authority_path)
+            approval = Approval.load(approval_path)
+            approval.verify(authority)
+        except PolicyError as exc:
+            raise Fail(f"PolicySig=invalid: {exc.reason}") from None
+
+    try:
+        events = config_events(cfg, args.config)
+    except ModelLoadError as exc:
+        raise Fail(f"model artifact {cfg.model.artifact} does not verify: {_first_line(exc)}") from None
+    except Exception as exc:  # WasmError (a module that is not wasm), OSError
+        raise Fail(f"cannot measure {args.config}: {_first_line(exc)}") from None
+    model_sha = events[0][2]
+    if cfg.model.sha256 and cfg.model.sha256 != model_sha:
+        raise Fail(f"model artifact SHA-256 {model_sha} differs from model.sha256 {cfg.model.sha256} pinned in "
+                   f"{args.config}")
+    approved, _ = split_events(events)
+    if approval is not None:
+        if approval.model_sha256 != model_sha:
+            raise Fail(f"model artifact SHA-256 {model_sha} is not the approved {approval.model_sha256} (modified "
+                       "artifact, or a new model that needs `sitsctl policy approve`)")
+        if [tuple(e) for e in approval.events] != approved:
+            raise Fail("the config's model name or WASM modules differ from the approved ones (approval events "
+                       f"{[e[:2] for e in approval.events]}, config {[e[:2] for e in approved]})")
+        if approval.pcr != a.measurement_pcr:
+            raise Fail(f"the approval is for PCR {approval.pcr}, attestation.measurement_pcr is {a.measurement_pcr}")
+    nonce = os.urandom(32)
+    approval_bytes = approval_path.read_bytes() if approval is not None else b""
+    approval_sha = hashlib.sha256(approval_bytes).hexdigest()
+    running = _running_daemon(cfg)
+    if running is not None and mode != "none":
+        return _deploy_live(args, cfg, mode, running, approval, authority, approval_path.name, approval_sha,
+                            approved, nonce)
+
+    staging = Path(tempfile.mkdtemp(prefix="sits-deploy-"))
+    log_path = staging / "measurements.jsonl"
+    try:
+        if mode == "tpm2":
+            record = _measure_tpm(cfg, events, approval, authority, approval_sha, approval_path, nonce, log_path,
+                                  measure)
+        elif mode == "software":
+            record = measure_software(pcr=a.measurement_pcr, events=events, approval_sha256=approval_sha,
+                                      approval_name=approval_path.name, nonce=nonce, log_path=log_path,
+                                      approval=approval)
+        else:
+            record = {"format": "sits-deployment", "version": 1, "mode": "none", "device_id": "none",
+                      "events": [], "nonce": nonce.hex(), "model_sha256": model_sha, "ek_certificates": [],
+                      "approval": approval.to_json() if approval is not None else None,
+                      "checked_events": [list(e) for e in events]}
+        record["verify_on_boot"] = args.verify_on_boot
+        record["config"] = str(Path(args.config).resolve())
+        if mode == "none":  # checks only: a record without measurements would replace a measured one
+            record["staged"] = "nothing (attestation mode none)"
+            return record
+        verify_record(record, nonce=nonce, authority=authority)
+        try:
+            record["staged"] = str(write_record(record, Path(cfg.audit.directory), log_path))
+        except OSError as exc:
+            raise Fail(f"cannot stage the deployment in audit.directory {cfg.audit.directory}: {exc.strerror} (set "
+                       "audit.directory to a writable state directory)") from None
+        return record
+    except PolicyError as exc:
+        what = {"refused": "PolicySig=refused by TPM", "key": "device key", "tpm": "TPM"}.get(exc.code,
+                                                                                          "PolicySig=invalid")
+        raise Fail(f"{what}: {exc.reason}") from None
+    except DeployError as exc:
+        raise Fail(f"{exc.code}: {exc.reason}") from None
+    except AttestationError as exc:
+        raise Fail(f"TPM: {_first_line(exc)}") from None
+    finally:
+        for f in staging.iterdir():
+            f.unlink()
+        staging.rmdir()
+
+
+def _problem(exc) -> str:
+    field, line, reason = exc.problems[0]
+    return f"{field} (line {line}): {reason}" if field else reason
+
+
+def _measure_tpm(cfg, events, approval, authority, approval_sha, approval_path, nonce, log_path, measure) -> dict:
+    from attestation.tpm.signer import _tss
+
+    a = cfg.attestation
+    if not a.tcti:
+        raise Fail("attestation mode tpm2 needs a TCTI: --tcti, SITS_TCTI or attestation.tcti")
+    t = _tss()
+    try:
+        esapi = t.ESAPI(a.tcti)
+    except Exception as exc:
+        raise Fail(f"TPM: cannot open TCTI {a.tcti!r}: {_first_line(exc)}") from None
+    try:
+        return measure(esapi, pcr=a.measurement_pcr, events=events, approval=approval, authority=authority,
+                       approval_sha256=approval_sha, approval_name=approval_path.name, key_handle=a.key_handle,
+                       ak_handle=a.ak_handle, nonce=nonce, log_path=log_path)
+    finally:
+        esapi.close()
+
+
+def _running_daemon(cfg) -> dict | None:
+    """The status of the sitsd answering on control.socket, or None."""
+    from .control import request
+    from .errors import ControlError
+
+    try:
+        return request(cfg.control.socket, "status", timeout_s=1.0)
+    except (ControlError, OSError, ValueError):  # nothing answers there: no daemon
+        return None
+
+
+def _deploy_live(args, cfg, mode, status, approval, authority, approval_name, approval_sha, approved, nonce) -> dict:
+    """A running sitsd owns the measurement PCR (its hot-swap log), so it loads and measures the checked
+    deployment itself (`deploy_verified`), and quotes its log with our nonce; we verify that quote."""
+    from attestation.deploy import RECORD_FILE, DeployError, live_record, load_record, verify_record, write_record
+
+    from .control import request
+    from .errors import ControlError
+
+    running_mode = "tpm2" if status.get("signer") == "tpm" else "software"
+    if running_mode != mode:
+        raise Fail(f"the running sitsd signs in {running_mode} mode, this deployment asks for {mode}: nothing was "
+                   "changed (restart sitsd with the deployed config to change modes)")
+    try:
+        answer = request(cfg.control.socket, "deploy_verified", timeout_s=120.0,
+                         config=str(Path(args.config).resolve()), nonce=nonce.hex(),
+                         approved_events=[list(e) for e in approved], approval_name=approval_name,
+                         approval_sha256=approval_sha)
+    except ControlError as exc:
+        raise Fail(f"the running sitsd refused the deployment ({exc}); it keeps running what it ran") from None
+    previous = Path(cfg.audit.directory) / RECORD_FILE
+    trusted = None
+    if previous.exists():  # the AK of the last verified deployment: the same TPM must answer now
+        try:
+            trusted = load_record(previous).get("ak_public_pem")
+        except DeployError:
+            trusted = None
+    try:
+        record = live_record(answer, nonce=nonce, approval=approval, key_handle=cfg.attestation.key_handle)
+        verify_record(record, nonce=nonce, authority=authority, ak_public_pem=trusted.encode() if trusted else None)
+    except DeployError as exc:
+        raise Fail(f"{exc.code}: {exc.reason} (the running sitsd loaded approved files; its quote does not "
+                   "verify: check the TPM)") from None
+    record["verify_on_boot"] = args.verify_on_boot
+    record["config"] = str(Path(args.config).resolve())
+    try:
+        record["staged"] = str(write_record(record, Path(cfg.audit.directory), None))
+    except OSError as exc:
+        raise Fail(f"loaded, but cannot stage the record in {cfg.audit.directory}: {exc.strerror}") from None
+    print(f"loaded into the running sitsd (applied: {', '.join(record['applied']) or 'nothing, already running'})",
+          file=sys.stderr)
+    return record
