@@ -52,15 +52,27 @@ def run_check(cfg: Config, max_splits: int = 256) -> dict:
         "bounds_proven": bool(proof.proven),
         "output_bounds": {o: [float(proof.lower[i]), float(proof.upper[i])] for i, o in enumerate(cfg.model.outputs)},
         "ibp_width": float(proof.ibp_width), "crown_width": float(proof.crown_width),
+        "output_width": float(proof.ibp_width), "width_at": "output",
         "method": proof.method, "splits": proof.splits, "seconds": round(proof.seconds, 3),
     })
+    head = _pre_head_widths(model_bytes, lower, upper)
+    if head is not None:  # a saturating head makes both methods report its range: compare before it
+        op, ibp_w, crown_w = head
+        result.update({"ibp_width": ibp_w, "crown_width": crown_w, "width_at": f"before the output head ({op})",
+                       "output_width": float(proof.ibp_width)})
     report.append(f"model {cfg.model.artifact.name} over that region ({proof.method}, {proof.splits} splits, "
                   f"{proof.seconds:.2f} s):")
     for i, o in enumerate(cfg.model.outputs):
         verdict = "inside" if proof.lower[i] >= out_lo[i] and proof.upper[i] <= out_hi[i] else "NOT proven inside"
         report.append(f"  {o}: proven bounds [{proof.lower[i]:.6g}, {proof.upper[i]:.6g}], {verdict} the actuator "
                       f"limits [{out_lo[i]:g}, {out_hi[i]:g}]")
-    report.append(f"  widths: IBP {proof.ibp_width:.6g}, CROWN {proof.crown_width:.6g}")
+    if head is not None:
+        op, ibp_w, crown_w = head
+        report.append(f"  widths before the output head ({op}): IBP {ibp_w:.6g}, CROWN {crown_w:.6g} "
+                      f"(CROWN {100 * (1 - crown_w / ibp_w):.0f}% tighter); at the output both are "
+                      f"{proof.ibp_width:.6g}, the head's range")
+    else:
+        report.append(f"  widths: IBP {proof.ibp_width:.6g}, CROWN {proof.crown_width:.6g}")
     if not proof.proven:
         if proof.counterexample is not None:
             w = proof.counterexample
@@ -75,6 +87,47 @@ def run_check(cfg: Config, max_splits: int = 256) -> dict:
                           f"({r.side} bound {r.bound:.6g} vs limit {r.limit:g})")
         report.append("  fix: constrain the inputs more tightly, bound the model's output head, or widen the limits")
     return {**result, "report": "\n".join(report)}
+
+
+_SATURATING = ("Clip", "Tanh", "Sigmoid")
+
+
+def _pre_head_widths(model_bytes: bytes, lower, upper) -> tuple[str, float, float] | None:
+    """If the model ends in a saturating head (Clip, Tanh or Sigmoid, then only constant scaling),
+    the IBP and CROWN widths of the network just before it: (head op, ibp width, crown width).
+    At the output both methods meet the head's range, so that is where their tightness shows."""
+    import onnx
+
+    from ep.bounds import crown_bounds, ibp_bounds
+
+    model = onnx.load_from_string(model_bytes)
+    nodes = list(model.graph.node)
+    consts = {i.name for i in model.graph.initializer} | {o for n in nodes if n.op_type == "Constant" for o in n.output}
+    heads = [k for k, n in enumerate(nodes) if n.op_type in _SATURATING]
+    if not heads:
+        return None
+    k = heads[-1]
+    for n in nodes[k + 1:]:  # after the head: only Mul/Add/Sub/Div by constants (or Constant nodes)
+        if n.op_type == "Constant":
+            continue
+        if n.op_type not in ("Mul", "Add", "Sub", "Div") or not any(i in consts for i in n.input):
+            return None
+    head = nodes[k]
+    for n in nodes[k + 1:]:
+        for i, name in enumerate(n.input):
+            if name == head.output[0]:
+                n.input[i] = head.input[0]
+    for out in model.graph.output:
+        if out.name == head.output[0]:
+            out.name = head.input[0]
+    model.graph.node.remove(head)
+    data = model.SerializeToString()
+    try:
+        ibp_lo, ibp_hi = ibp_bounds(data, lower, upper)
+        crown_lo, crown_hi = crown_bounds(data, lower, upper)
+    except BoundsError:
+        return None
+    return head.op_type, float(np.sum(ibp_hi - ibp_lo)), float(np.sum(crown_hi - crown_lo))
 
 
 def certify_model(cfg: Config, result: dict, max_splits: int = 256):
