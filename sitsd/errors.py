@@ -16,11 +16,16 @@ class ConfigError(SitsError):
     def __init__(self, file: str, problems: list[tuple[str, int | None, str]]) -> None:
         self.file = file
         self.problems = problems
-        lines = []
-        for field, line, reason in problems:
-            where = f"{file}:{line}" if line else file
-            lines.append(f"{where}: {field}: {reason}" if field else f"{where}: {reason}")
-        super().__init__("invalid config\n  " + "\n  ".join(lines) if len(lines) > 1 else lines[0])
+        super().__init__(format_problems("invalid config", file, problems))
+
+
+def format_problems(title: str, file: str, problems: list[tuple[str, int | None, str]]) -> str:
+    """`FILE:LINE: field: reason`, one line per problem (under `title` when there are several)."""
+    lines = []
+    for field, line, reason in problems:
+        where = f"{file}:{line}" if line else file
+        lines.append(f"{where}: {field}: {reason}" if field else f"{where}: {reason}")
+    return f"{title}\n  " + "\n  ".join(lines) if len(lines) > 1 else lines[0]
 
 
 class StartupError(SitsError):

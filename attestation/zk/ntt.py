@@ -23,12 +23,11 @@ def log2_exact(n: int) -> int:
     return k
 
 
-def _fft(values: list[int], root: int) -> list[int]:
-    n = len(values)
-    r = _num(R)
-    a = [_num(x) for x in values]
+def bit_reverse(a: list) -> list:
+    """Permute `a` (length a power of two) into bit-reversed index order, in place; returns it."""
+    n = len(a)
     j = 0
-    for i in range(1, n):  # bit-reversal permutation
+    for i in range(1, n):
         bit = n >> 1
         while j & bit:
             j ^= bit
@@ -36,6 +35,13 @@ def _fft(values: list[int], root: int) -> list[int]:
         j |= bit
         if i < j:
             a[i], a[j] = a[j], a[i]
+    return a
+
+
+def _fft(values: list[int], root: int) -> list[int]:
+    n = len(values)
+    r = _num(R)
+    a = bit_reverse([_num(x) for x in values])
     size = 2
     while size <= n:
         half = size >> 1

@@ -19,7 +19,7 @@ from .errors import ZkError
 from .field import G1_GEN, G2_GEN, R, ROOTS, inv
 from .fixed_base import FixedBase
 from .keys import ProvingKey
-from .ntt import log2_exact
+from .ntt import bit_reverse, log2_exact
 from .r1cs import R1CS
 
 
@@ -112,16 +112,7 @@ def _group_ifft(group: type, points: list, be) -> list:
 
     n = len(points)
     k = log2_exact(n)
-    a = list(points)
-    j = 0
-    for i in range(1, n):
-        bit = n >> 1
-        while j & bit:
-            j ^= bit
-            bit >>= 1
-        j |= bit
-        if i < j:
-            a[i], a[j] = a[j], a[i]
+    a = bit_reverse(list(points))
     w_inv = inv(ROOTS[k])
     size = 2
     while size <= n:

@@ -1,7 +1,7 @@
 """Errors of fault attribution: a bad FMEA file, an unreadable events dump, a renderer that is missing."""
 from __future__ import annotations
 
-from ..errors import SitsError
+from ..errors import SitsError, format_problems
 
 
 class DiagnoseError(SitsError):
@@ -15,8 +15,4 @@ class FmeaError(SitsError):
     def __init__(self, file: str, problems: list[tuple[str, int | None, str]]) -> None:
         self.file = file
         self.problems = problems
-        lines = []
-        for fld, line, reason in problems:
-            where = f"{file}:{line}" if line else file
-            lines.append(f"{where}: {fld}: {reason}" if fld else f"{where}: {reason}")
-        super().__init__("invalid FMEA file\n  " + "\n  ".join(lines) if len(lines) > 1 else lines[0])
+        super().__init__(format_problems("invalid FMEA file", file, problems))
