@@ -21,6 +21,11 @@ EPILOG = """examples:
   sitsctl compile model.onnx --quantization fp8-adaptive --calibration data.npy --output artifact/
   sitsctl pki init --config rolling-mill.yaml   create this device's OPC UA certificate
   sitsctl deploy --config rolling-mill.yaml --attestation-mode tpm2 --verify-on-boot true
+  sitsctl update --module new_filter.wat --daemon-config rolling-mill.yaml   hot swap between two frames
+  sitsctl rollback --module pre_filter --daemon-config rolling-mill.yaml
+  sitsctl diagnose --config rolling-mill.yaml --format png --output cause.png   ranked root cause
+  sitsctl audit verify /var/lib/sitsd/audit     the hash chain; exit 1 names the first bad record
+  sitsctl verify-proof proof.json --vk vk.json --public public.json   exit 0 only for a valid proof
   sitsctl plcsim --trust-key /var/lib/sitsd/audit/signer.pub.pem
   --tcti STRING (or SITS_TCTI) works with every command: the TPM to use instead of attestation.tcti
 """
