@@ -101,6 +101,23 @@ def test_acceptance_ok_with_the_real_sha256_then_fail_with_a_modified_artifact(t
         sw.stop()
 
 
+def test_the_acceptance_command_as_written_uses_the_committed_approval(tmp_path):
+    """examples/ carries the vendor's approval of the demo model and modules and the vendor's public key
+    (its private key was destroyed after signing): the literal command verifies. This test fails when
+    the model or a module changes without a new approval (sitsctl policy approve)."""
+    sw = Swtpm(tcp=True).start()
+    try:
+        host_port = sw.tcti.split(":", 1)[1]
+        r = sitsctl("deploy", "--config", EXAMPLE_CONFIG, "--attestation-mode", "tpm2", "--verify-on-boot", "true",
+                    "--tcti", f"swtpm:{host_port}", "--set", f"audit.directory={tmp_path / 'audit'}",
+                    "--set", f"control.socket={tmp_path / 'c.sock'}")
+        assert r.returncode == 0, r.stdout + r.stderr
+        match = OK.match(r.stdout.strip())
+        assert match and match.group(1) == hashlib.sha256(DEMO_MODEL.read_bytes()).hexdigest(), r.stdout
+    finally:
+        sw.stop()
+
+
 @pytest.mark.parametrize("case, expected", [
     ("other-authority", "PolicySig=invalid: approval is signed by authority"),
     ("no-approval", "no approval: pass --approval FILE"),
@@ -125,7 +142,8 @@ def test_fail_paths_print_one_fail_line_and_exit_non_zero(swtpm, tmp_path, vendo
         from sitsd.cli import main
 
         rc = main(["deploy", "--config", str(EXAMPLE_CONFIG), "--attestation-mode", "tpm2", "--tcti", tcti,
-                   "--set", f"audit.directory={tmp_path / 'audit'}"])
+                   "--set", f"audit.directory={tmp_path / 'audit'}", "--set", "attestation.approval=",
+                   "--set", "attestation.authority_key="])
         out = capsys.readouterr().out
         assert rc == 1 and out.startswith("Verified: [FAIL] ") and expected in out
         return

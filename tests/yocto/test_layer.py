@@ -1,5 +1,6 @@
 """Structure of the meta-sits layer: what bitbake would trip over first, checked without bitbake."""
 import re
+from pathlib import Path
 
 import pytest
 
@@ -50,3 +51,47 @@ def test_sits2026_recipe_installs_files_that_exist():
     assert (REPO / "LICENSE").is_file()
     version = re.search(r'^version = "(.+)"', (REPO / "pyproject.toml").read_text(), re.M).group(1)
     assert f"sits2026_{version}.bb" in {p.name for p in RECIPES}
+
+
+def test_the_installed_config_loads_with_the_installed_files(tmp_path):
+    """Replays the sits2026 recipe's do_install (install -d/-m and its sed) into a fake root, then
+    loads /etc/sitsd/sitsd.yaml there: every path the config names must exist where it was installed."""
+    import shlex
+    import shutil
+
+    from sitsd.config import load_config
+
+    root = tmp_path / "image"
+    text = (LAYER / "recipes-sits/sits2026/sits2026_0.1.0.bb").read_text()
+    body = re.search(r"do_install:append\(\) \{\n(.*?)\n\}", text, re.S).group(1).replace("\\\n", " ")
+    dirs = {"${D}": str(root), "${S}": str(REPO), "${datadir}": "/usr/share", "${sysconfdir}": "/etc",
+            "${systemd_system_unitdir}": "/usr/lib/systemd/system", "${nonarch_libdir}": "/usr/lib"}
+
+    def expand(word: str) -> str:
+        for var, value in dirs.items():
+            word = word.replace(var, value)
+        return word
+
+    for line in body.splitlines():
+        words = [expand(w) for w in shlex.split(line.strip())]
+        if words[:2] == ["install", "-d"]:
+            for d in words[2:]:
+                Path(d).mkdir(parents=True, exist_ok=True)
+        elif words[:2] == ["install", "-m"]:
+            *sources, dest = words[3:]
+            for src in sources:
+                target = Path(dest) / Path(src).name if dest.endswith("/") or len(sources) > 1 else Path(dest)
+                shutil.copy(src, target)
+        elif words[:1] == ["sed"]:
+            exprs = [words[i + 1] for i, w in enumerate(words) if w == "-e"]
+            target = Path(words[-1])
+            content = target.read_text()
+            for expr in exprs:
+                _, old, new, _ = expr.split("#")
+                assert old in content, f"the recipe's sed expects {old!r} in the example config"
+                content = content.replace(old, new.replace("/usr/share", str(root / "usr/share")))
+            target.write_text(content)
+    cfg = load_config(root / "etc/sitsd/sitsd.yaml")
+    assert str(cfg.model.artifact).startswith(str(root / "usr/share/sits2026"))
+    assert cfg.modules and all(str(m.path).startswith(str(root / "usr/share/sits2026")) for m in cfg.modules)
+    assert cfg.attestation.approval and cfg.attestation.approval.is_file()
