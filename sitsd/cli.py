@@ -46,7 +46,8 @@ def _cmd_demo(args) -> int:
 
     result = run_demo(seconds=args.seconds, config_path=args.config, force_software=args.software,
                       seed=args.seed, rate_hz=args.rate, transport=args.transport, security=args.security,
-                      field_encoding=args.field_encoding, profile=args.profile, signing=args.signing)
+                      field_encoding=args.field_encoding, profile=args.profile, signing=args.signing,
+                      proof_every=args.proofs)
     print(human_summary(result))
     if args.json:
         print(json.dumps(result))
@@ -234,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--profile", choices=("simulator", "s7-1500", "controllogix", "melsec-iq-r"),
                       default="simulator", help="the simulator emulates this vendor's status word and diagnostic "
                       "texts; sitsd decodes them into structured PLC events with the same profile")
+    demo.add_argument("--proofs", type=int, default=100, metavar="N",
+                      help="prove every N-th command with Groth16 off the fast path, then verify every proof "
+                      "with sits2026 and snarkjs (default 100; 0: no proofs)")
     demo.set_defaults(func=_cmd_demo)
 
     status = sub.add_parser("status", help="ask a running sitsd for uptime, model, signer, counters, latency")

@@ -105,12 +105,14 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
              progress: TextIO | None = sys.stderr, force_software: bool = False, seed: int = 1,
              rate_hz: float = 100.0, overrides: dict | None = None, transport: str = "udp",
              security: str = "sign-and-encrypt", field_encoding: str = "variant",
-             profile: str = "simulator", signing: str = "tpm-session") -> dict:
+             profile: str = "simulator", signing: str = "tpm-session", proof_every: int = 0) -> dict:
     """Run the closed loop for `seconds` (or until `frames` frames) and return the summary dict.
 
     transport: "udp" (UADP over UDP multicast, read by the loop thread) or "opcua" (an OPC UA
     subscription on the simulator's SensorFrame variable) or "eth" (UADP over raw Ethernet with a
-    VLAN tag, the simulator in its own network namespace behind a veth pair; needs root)."""
+    VLAN tag, the simulator in its own network namespace behind a veth pair; needs root).
+    proof_every: prove every n-th command (Groth16, off the fast path); each proof made is then
+    verified by our verifier and by snarkjs (one Node process) and counted in the summary."""
     if transport not in TRANSPORTS:
         raise ValueError(f"transport {transport!r}: choose one of {', '.join(TRANSPORTS)}")
     from attestation.tpm import Swtpm, TpmSigner, swtpm_available
@@ -187,7 +189,12 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
                 "plc.status_node": f"nsu={SIM_NAMESPACE};s=RollingMill.Status",
                 "plc.diagnostic_node": f"nsu={SIM_NAMESPACE};s=RollingMill.Diagnostic"}),
             "audit.directory": str(workdir / "audit"), "control.socket": str(workdir / "control.sock"),
+            **({"proof.policy": "one_in_n", "proof.n": proof_every, "proof.directory": str(workdir / "proofs")}
+               if proof_every else {}),
             **(overrides or {})})
+        if proof_every:
+            say(f"proofs: every {proof_every}th command gets a Groth16 proof off the fast path "
+                f"(circuit setup at start takes a second or two)")
         daemon = Daemon(cfg, signer=signer)
         thread = threading.Thread(target=lambda: asyncio.run(daemon.serve()), name="sitsd-io", daemon=True)
         thread.start()
@@ -217,7 +224,9 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
         sim.close()
         sim = None
         c = status["counters"]
+        proofs = verify_demo_proofs(workdir / "proofs", say) if proof_every else None
         return {
+            "proofs": proofs,
             "frames": c["frames"],
             "commands": c["commands"],
             "dropped": c["dropped"],
@@ -259,6 +268,56 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+_VERIFY_JS = """
+const snarkjs = require(process.argv[2]);
+const fs = require("fs");
+(async () => {
+  const vk = JSON.parse(fs.readFileSync(process.argv[3]));
+  const ok = [];
+  for (const stem of process.argv.slice(4)) {
+    const pub = JSON.parse(fs.readFileSync(stem + ".public.json"));
+    const proof = JSON.parse(fs.readFileSync(stem + ".proof.json"));
+    if (await snarkjs.groth16.verify(vk, pub, proof, {info() {}, debug() {}, warn() {}, error() {}})) ok.push(stem);
+  }
+  console.log(JSON.stringify(ok));
+  process.exit(0);
+})();
+"""
+
+
+def verify_demo_proofs(directory: Path, say) -> dict:
+    """Every proof the run made, checked by our verifier and, with the pinned snarkjs installed
+    (make setup), by snarkjs in one Node process; counts by outcome."""
+    from attestation.zk import verify
+    from attestation.zk.formats import snarkjs_json as sj
+
+    index = directory / "index.jsonl"
+    entries = [json.loads(line) for line in index.read_text().splitlines()] if index.exists() else []
+    made = [e["id"] for e in entries if e.get("status") == "ok"]
+    result = {"made": len(made), "failed": sum(e.get("status") == "failed" for e in entries),
+              "dropped": sum(e.get("status") == "dropped" for e in entries), "verified": 0, "snarkjs_verified": None}
+    if not made:
+        return result
+    vk_file = directory / "vk.json"
+    vk = sj.vk_from_json(sj.load(vk_file))
+    result["verified"] = sum(verify(vk, sj.public_from_json(sj.load(directory / f"{p}.public.json")),
+                                    sj.proof_from_json(sj.load(directory / f"{p}.proof.json"))) for p in made)
+    snarkjs = REPO_ROOT / "node_modules" / "snarkjs"
+    if snarkjs.is_dir() and shutil.which("node"):
+        script = directory / "verify.js"
+        script.write_text(_VERIFY_JS)
+        r = subprocess.run(["node", str(script), str(snarkjs), str(vk_file), *(str(directory / p) for p in made)],
+                           capture_output=True, text=True, timeout=300)
+        if r.returncode == 0:
+            result["snarkjs_verified"] = len(json.loads(r.stdout.strip().splitlines()[-1]))
+        else:
+            say(f"snarkjs could not run: {r.stderr.strip()[-300:]}")
+    say(f"proofs: {result['made']} made, {result['verified']} verified by sits2026, "
+        f"{result['snarkjs_verified'] if result['snarkjs_verified'] is not None else 'n/a (no snarkjs)'} by snarkjs, "
+        f"{result['dropped']} dropped, {result['failed']} failed")
+    return result
+
+
 def _cross_trust(client_dir: Path, server_dir: Path, server_ip: str) -> None:
     """Certificates for both ends of the demo's OPC UA session, each trusting the other."""
     from plc.opcua_security import Pki
@@ -296,4 +355,10 @@ def human_summary(r: dict) -> str:
         f"  exit thickness error (mean |h - target|): closed loop {th['closed_loop']:.2f} um, "
         f"open loop {th['open_loop']:.2f} um ({improvement:.1f}x better with the model in the loop)",
     ]
+    pr = r.get("proofs")
+    if pr is not None:
+        lines.append(f"  Groth16 proofs       {pr['made']} made off the fast path, {pr['verified']} verified by sits2026, "
+                     + (f"{pr['snarkjs_verified']} by snarkjs" if pr["snarkjs_verified"] is not None
+                        else "snarkjs not installed (make setup)")
+                     + (f", {pr['dropped']} dropped (queue full or stopped)" if pr["dropped"] else ""))
     return "\n".join(lines)
