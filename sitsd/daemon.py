@@ -37,6 +37,7 @@ from .gates.ptp import query_pmc
 from .hotswap import attach, control_handlers, load_config_modules
 from .rca.service import attach_rca
 from .log import get_logger
+from .model import build_model
 from .notify import Notifier
 from .pipeline import ControlLoop, Counters, Outgoing
 from .plc_link import PlcLink
@@ -111,10 +112,16 @@ class Daemon:
     def _build(self) -> None:
         cfg = self.cfg
         names = cfg.signal_names
+        # attestation.require_signatures: unsigned or wrongly signed modules/model/config stop us here
+        self.signatures = __import__("sitsd.signatures").signatures.check_startup(cfg, self.config_path)
         try:
-            self.model = ModelRunner(cfg.model.artifact, len(cfg.model.inputs), len(cfg.model.outputs))
+            self.model = build_model(cfg)  # sitsd/model.py: ModelRunner, or StreamingRunner for kind streaming
         except ModelLoadError as exc:
             raise StartupError(str(exc)) from exc
+        if cfg.model.kind == "streaming":
+            self.log.info("streaming model", **self.model.recovered, state_dir=str(self.model.pool.directory),
+                          window=cfg.model.stream.window, proofs="off (no circuit for attention)",
+                          hot_swap="refused (restart to change the model)")
         if cfg.model.sha256 and self.model.sha256.hex() != cfg.model.sha256:
             raise StartupError(f"model {cfg.model.artifact}: SHA-256 {self.model.sha256.hex()} differs from "
                                f"model.sha256 {cfg.model.sha256} pinned in the config")
@@ -391,7 +398,8 @@ class Daemon:
             "state": self.state,
             "uptime_s": round(time.monotonic() - self._started, 1),
             "reloads": self.reloads,
-            "model": str(self.cfg.model.artifact),
+            "model": str(self.cfg.model.artifact) if self.cfg.model.kind == "mlp" else "streaming",
+            "stream": self.model.describe() if getattr(self.model, "kind", "mlp") == "streaming" else None,
             "model_sha256": self.loop.stage_set.model_sha256.hex() if self.loop else None,
             "stages": self.loop.stage_set.describe() if self.loop else None,
             "signer": "tpm" if str(getattr(self.signer, "kind", "")).startswith("tpm") else getattr(self.signer, "kind", None),
@@ -416,6 +424,8 @@ class Daemon:
                                    "t_ns": e.timestamp_ns} for e in list(self.plc_events)[-5:]],
             "audit_file": str(self.audit.path) if self.audit else None,
             "audit_backlog": len(self.audit_backlog), "audit_held": self.audit_held,
+            # Groth16 proofs (sitsd/prover.py): counters, queue depth, worker PIDs; None when proof.policy is off
+            "proofs": self.prover.status() if getattr(self, "prover", None) is not None else None,
             "metrics_url": (f"http://{self.cfg.metrics.host}:{self.metrics.port}/metrics"
                             if self.metrics is not None else None),
         }
@@ -461,6 +471,12 @@ class Daemon:
                 self.ready.set()
                 self.log.error("startup failed", error=str(exc))
                 return 1
+            except Exception as exc:  # a bug, not a condition: fail start at once, with the traceback
+                self.startup_error = StartupError(f"unexpected {type(exc).__name__} during startup: {exc}")
+                self.state = "failed"
+                self.ready.set()
+                self.log.exception("startup failed", error=repr(exc))
+                return 70
             tasks = [asyncio.create_task(self._writer(), name="writer"),
                      asyncio.create_task(self._housekeeping(), name="housekeeping"),
                      asyncio.create_task(self._watch_ptp(), name="ptp")]
@@ -493,6 +509,9 @@ class Daemon:
                 await self.link.close()
             if self.source is not None:
                 self.source.close()
+            if getattr(self.model, "kind", "mlp") == "streaming" and (self.loop is None or self.loop.thread is None
+                                                                      or not self.loop.thread.is_alive()):
+                self.model.close()  # checkpoint: the next start resumes the stream from its snapshot
             if self.audit is not None:
                 if self.audit_backlog:  # last try; what still cannot be written goes to the journal
                     self._drain_audit_backlog()

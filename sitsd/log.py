@@ -30,6 +30,17 @@ class _PrefixedJSON:
         return prefix + self._json(logger, method, event)
 
 
+class _CurrentStderr:
+    """Whatever sys.stderr is at the time of each write: configuring logging must not pin one stream
+    object (a test harness or an embedding program may swap and close it later)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure(level: str = "info", stream: TextIO | None = None, syslog_prefix: bool = False) -> None:
     # asyncua logs protocol chatter (revised session timeouts, ...) through stdlib logging; keep errors only
     logging.getLogger("asyncua").setLevel(logging.ERROR)
@@ -42,7 +53,7 @@ def configure(level: str = "info", stream: TextIO | None = None, syslog_prefix: 
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(stream or _CurrentStderr()),
         cache_logger_on_first_use=False,
     )
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 
 class Notifier:
@@ -26,18 +27,27 @@ class Notifier:
     def enabled(self) -> bool:
         return self._sock is not None
 
-    def send(self, message: str) -> bool:
+    def send(self, message: str, retry_s: float = 0.0) -> bool:
+        """One datagram, never blocking. `retry_s`: for the once-per-life messages (READY, STOPPING),
+        keep trying that long while the manager's queue is full (net.unix.max_dgram_qlen is small)."""
         if self._sock is None:
             return False
-        try:
-            self._sock.sendto(message.encode(), socket.MSG_DONTWAIT, self._address)
-            return True
-        except OSError:  # full queue (EAGAIN), manager gone: count it, never block or crash
-            self.failed += 1
-            return False
+        deadline = time.monotonic() + retry_s
+        while True:
+            try:
+                self._sock.sendto(message.encode(), socket.MSG_DONTWAIT, self._address)
+                return True
+            except BlockingIOError:  # full queue: drop a periodic message, retry a lifecycle one
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.005)
+            except OSError:  # manager gone
+                break
+        self.failed += 1
+        return False
 
     def ready(self, status: str = "") -> bool:
-        return self.send("READY=1" + (f"\nSTATUS={status}" if status else ""))
+        return self.send("READY=1" + (f"\nSTATUS={status}" if status else ""), retry_s=0.5)
 
     def status(self, status: str) -> bool:
         return self.send(f"STATUS={status}")
@@ -46,7 +56,7 @@ class Notifier:
         return self.send("WATCHDOG=1")
 
     def stopping(self) -> bool:
-        return self.send("STOPPING=1")
+        return self.send("STOPPING=1", retry_s=0.5)
 
     def close(self) -> None:
         if self._sock is not None:

@@ -84,9 +84,10 @@ def test_sitsd_process_notifies_serves_status_and_stops_cleanly(manager, plcsim,
                                capture_output=True, text=True, timeout=30, cwd=REPO)
         assert "running" in human.stdout and "latency p50" in human.stdout
 
+        _drain(sock, lambda m: False, 0.2)  # like systemd, read what is queued (the kernel keeps ~10 datagrams)
         daemon.send_signal(signal.SIGTERM)
+        msgs = _drain(sock, lambda m: "STOPPING=1" in m, 20)  # read while it stops, as systemd does
         assert daemon.wait(20) == 0
-        msgs = _drain(sock, lambda m: "STOPPING=1" in m, 5)
         assert "STOPPING=1" in msgs
         sim.stdin.write("stats\n")
         sim.stdin.flush()
