@@ -19,6 +19,10 @@ bench: setup
 	.venv/bin/python bench/gates.py
 	.venv/bin/python bench/signing.py
 	.venv/bin/python bench/ep.py
+	.venv/bin/python bench/zk.py
+	.venv/bin/python bench/hotswap.py
+	.venv/bin/python bench/rca.py
+	.venv/bin/python bench/soak.py --seconds 40
 
 # Reproduces examples/models/rolling_mill.onnx (needs torch 2.13.0, installed by this target).
 train-model:
