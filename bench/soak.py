@@ -11,6 +11,9 @@ audit backlog empty, and at least 50 new acknowledged commands. The faults, in o
   kill9           sitsd is killed with SIGKILL under load and restarted (as systemd would)
   plc_disconnect  the PLC (simulator) stops and comes back on the same endpoint
   tpm_loss        swtpm stops and comes back with its state
+  prover_stall    the daemon's Groth16 prover processes are stopped (SIGSTOP) and continued (SIGCONT):
+                  the loop keeps sending commands, proofs beyond the bounded queue are dropped and
+                  counted; recovered when proofs are being produced again
   burst_10x       a second publisher floods the frame stream at ten times the nominal rate
   malformed       a burst of 500 malformed UADP datagrams on the frame stream
   disk_full       the audit file system fills up, then gets room again
@@ -19,7 +22,11 @@ frames, commands and drops are those of the final daemon incarnation (the one st
 acknowledged_records_lost counts, for each daemon incarnation, the commands its status reported as
 acknowledged that have no acknowledged record in the audit log. rss_growth_mb compares the final
 daemon's resident memory shortly after its start with the value at the end (the faults after the
-restart all hit that incarnation). The last line with --json is one JSON object.
+restart all hit that incarnation). RSS is the daemon's own: the prover processes are separate.
+The daemon proves one model command in rate/10 (--proof-n): ten proofs a second at most, when every
+frame gives a model command (fail-safe commands are never proven), where one prover process makes ~10
+a second on an idle core. Its queue holds PROOF_QUEUE; the proving keys are made before the run.
+The last line with --json is one JSON object.
 """
 from __future__ import annotations
 
@@ -44,9 +51,13 @@ from sitsd.config import load_config  # noqa: E402
 from sitsd.control import request  # noqa: E402
 from sitsd.demo import Simulator, _free_udp_port  # noqa: E402
 from sitsd.errors import ControlError  # noqa: E402
+from sitsd.prover import ensure_keys  # noqa: E402
 
 CONFIG = REPO / "examples" / "rolling-mill.yaml"
-FAULTS = ("kill9", "plc_disconnect", "tpm_loss", "burst_10x", "malformed", "disk_full")
+FAULTS = ("kill9", "plc_disconnect", "tpm_loss", "prover_stall", "burst_10x", "malformed", "disk_full")
+PROOF_QUEUE = 2  # small, so that a stalled prover fills it within the fault's hold and drops are counted
+PROVER_STALL_S = 3.0  # held at least this long, and on until the full queue has dropped a proof (or MAX)
+PROVER_STALL_MAX_S = 10.0
 
 
 def _free_tcp_port() -> int:
@@ -62,9 +73,26 @@ def _rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def _proved_more_than(n: int):
+    return lambda status: (status.get("proofs") or {}).get("proved", 0) > n
+
+
+def _stat_fields(pid: int) -> list[str]:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
+
+
+def _parent_pid(pid: int) -> int:
+    return int(_stat_fields(pid)[1])
+
+
+def _proc_state(pid: int) -> str:
+    return _stat_fields(pid)[0]
+
+
 class Soak:
-    def __init__(self, work: Path, rate_hz: float, say) -> None:
-        self.work, self.rate_hz, self.say = work, rate_hz, say
+    def __init__(self, work: Path, rate_hz: float, say, proof_n: int) -> None:
+        self.work, self.rate_hz, self.say, self.proof_n = work, rate_hz, say, proof_n
         self.cfg = load_config(CONFIG)
         self.model_sha = self.cfg.model.sha256 or ""
         self.root = os.geteuid() == 0
@@ -80,12 +108,17 @@ class Soak:
         key = TpmSigner(self.tpm.tcti)
         (work / "device.pem").write_bytes(key.public_key_pem())
         key.close()
+        # the proving keys, made once before the run (a development setup, ~1-2 s) so that a kill -9 in the
+        # first seconds never meets half-written keys; every incarnation's prover loads them
+        if proof_n:
+            ensure_keys(self.cfg, work / "proofs" / "keys")
         self.port = _free_tcp_port()
         self.udp_url = f"opc.udp://239.255.{os.getpid() % 200 + 20}.{_free_udp_port() % 250 + 1}:{_free_udp_port()}"
         self.sim = self._start_sim()
         self.daemon: subprocess.Popen | None = None
         self.incarnations: list[dict] = []  # pid, last acknowledged count seen
         self.plc_stats: list[dict] = []
+        self.stall: dict = {}
 
     # -- processes -----------------------------------------------------------------------------
     def _start_sim(self, **kw) -> Simulator:
@@ -101,7 +134,11 @@ class Soak:
                            # about 1 MB of audit log per second at 1 kHz: segments rotate and are
                            # compressed during the soak (no retention: every record is counted after)
                            "audit.segment_max_mb": 8,
-                           "metrics.port": 0}.items():
+                           "metrics.port": 0,
+                           # proofs off the fast path; keys and proofs off the tmpfs that fills up
+                           **({"proof.policy": "one_in_n", "proof.n": self.proof_n, "proof.workers": 1,
+                               "proof.queue": PROOF_QUEUE, "proof.directory": self.work / "proofs"}
+                              if self.proof_n else {})}.items():
             args += ["--set", f"{key}={value}"]
         log = self.work / "sitsd.log"
         self.daemon = subprocess.Popen(args, stderr=open(log, "ab"), cwd=REPO)
@@ -122,14 +159,16 @@ class Soak:
         self.incarnations[-1]["acknowledged"] = max(self.incarnations[-1]["acknowledged"], s["counters"]["commands"])
         return s
 
-    def wait_recovered(self, since: dict, timeout_s: float) -> float | None:
-        """Seconds until the daemon runs, its audit backlog is empty and 50 more commands were acknowledged."""
+    def wait_recovered(self, since: dict, timeout_s: float, also=None) -> float | None:
+        """Seconds until the daemon runs, its audit backlog is empty and 50 more commands were acknowledged
+        (and `also(status)` holds, when given)."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout_s:
             try:
                 s = self.status()
                 if (s["state"] == "running" and s.get("audit_backlog", 0) == 0
-                        and s["counters"]["commands"] >= since["counters"]["commands"] + 50):
+                        and s["counters"]["commands"] >= since["counters"]["commands"] + 50
+                        and (also is None or also(s))):
                     return time.monotonic() - t0
             except ControlError:
                 pass
@@ -156,6 +195,8 @@ class Soak:
             time.sleep(hold_s)
             self.tpm = Swtpm(self.work / "tpm").start()
             return f"TPM gone {hold_s:.1f} s"
+        if kind == "prover_stall":
+            return self.stall_prover(max(hold_s, PROVER_STALL_S))
         if kind == "burst_10x":
             flood = Simulator(self.udp_url, self.work / "device.pem", self.model_sha, seed=4,
                               rate_hz=self.rate_hz * 10, workdir=self.work, port=0,
@@ -193,6 +234,50 @@ class Soak:
             return f"disk full {hold_s:.1f} s, {held} commands held"
         raise ValueError(kind)
 
+    def prover_pids(self) -> list[int]:
+        """The daemon's prover processes, from its status; only its own children are ever signalled."""
+        pids = (self.status().get("proofs") or {}).get("worker_pids") or []
+        return [pid for pid in pids if _parent_pid(pid) == self.daemon.pid]
+
+    def wait_prover_working(self, timeout_s: float) -> dict:
+        """Until the prover has produced a proof since this incarnation started (keys made or loaded)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            proofs = self.status().get("proofs") or {}
+            if proofs.get("proved", 0) > 0 and proofs.get("worker_pids"):
+                return proofs
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the daemon's prover made no proof within {timeout_s:.0f} s: {proofs}")
+            time.sleep(0.2)
+
+    def stall_prover(self, hold_s: float) -> str:
+        pids = self.prover_pids()
+        if not pids:
+            raise SystemExit("prover_stall: the daemon reports no prover process")
+        before = self.status()
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        try:
+            time.sleep(hold_s)
+            states = "".join(_proc_state(pid) for pid in pids)  # T: stopped
+            during = self.status()
+            while (during["proofs"]["dropped"] == before["proofs"]["dropped"]
+                   and time.monotonic() - t0 < PROVER_STALL_MAX_S):
+                time.sleep(0.2)
+                during = self.status()
+            hold_s = time.monotonic() - t0
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        p0, p1 = before["proofs"], during["proofs"]
+        self.stall = {"proved_at_continue": p1["proved"]}
+        return (f"prover pid(s) {','.join(map(str, pids))} (state {states}) stopped {hold_s:.1f} s: commands "
+                f"+{during['counters']['commands'] - before['counters']['commands']}, proofs offered "
+                f"+{p1['offered'] - p0['offered']}, accepted "
+                f"+{p1['accepted'] - p0['accepted']}, dropped (queue full) +{p1['dropped'] - p0['dropped']}, proved "
+                f"+{p1['proved'] - p0['proved']}, queue {p1['queue_depth']}/{p1['queue_max']}")
+
     def close(self) -> None:
         if self.daemon is not None and self.daemon.poll() is None:
             self.status()
@@ -229,13 +314,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=1000.0, help="nominal frames per second (default 1000)")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, audit log)")
+    ap.add_argument("--proof-n", type=int, default=None, metavar="N",
+                    help="prove one model command in N (default rate/10); 0: proofs off, no prover_stall fault")
     args = ap.parse_args(argv)
     if not shutil.which("swtpm"):
         raise SystemExit("bench/soak.py needs swtpm (make test installs it)")
     say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else print
     work = Path(tempfile.mkdtemp(prefix="sits-soak-"))
-    soak = Soak(work, args.rate, say)
-    faults = [f for f in FAULTS if f != "disk_full" or soak.root]
+    proof_n = max(1, round(args.rate / 10)) if args.proof_n is None else args.proof_n
+    soak = Soak(work, args.rate, say, proof_n)
+    faults = [f for f in FAULTS if (f != "disk_full" or soak.root) and (f != "prover_stall" or proof_n)]
     results: list[dict] = []
     t_start = time.monotonic()
     try:
@@ -244,11 +332,16 @@ def main(argv: list[str] | None = None) -> int:
         rss_start = None
         for kind in faults:
             t_slot = time.monotonic()
+            if kind == "prover_stall":  # the restarted daemon's prover must be working before it is stalled
+                soak.wait_prover_working(timeout_s=120.0)
             before = soak.status()
             detail = soak.inject(kind, hold_s=min(2.0, slot / 3))
-            recovery = soak.wait_recovered(before, timeout_s=max(10.0, slot))
+            # prover_stall is recovered when proofs are being produced again after SIGCONT
+            also = _proved_more_than(soak.stall["proved_at_continue"]) if kind == "prover_stall" else None
+            recovery = soak.wait_recovered(before, timeout_s=max(10.0, slot), also=also)
             results.append({"fault": kind, "recovered": recovery is not None,
-                            "recovery_s": round(recovery, 2) if recovery is not None else None, "detail": detail})
+                            "recovery_s": round(recovery, 2) if recovery is not None else None, "detail": detail,
+                            "rss_mb": round(_rss_mb(soak.daemon.pid), 1)})
             say(f"{kind:15} {'recovered in %.2f s' % recovery if recovery is not None else 'NOT RECOVERED':22} {detail}")
             if kind == "kill9":  # the final incarnation: its memory is what must stay flat
                 time.sleep(1.0)
@@ -269,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     drops = {"timestamp": counters.get("dropped_timestamp", 0), "constraint": counters.get("dropped_constraint", 0),
              "malformed": counters.get("malformed", 0), "expired": counters.get("expired", 0),
              "deadline_missed": counters.get("deadline_missed", 0), "sign_errors": counters.get("sign_errors", 0),
-             "audit_held": final.get("audit_held", 0)}
+             "audit_held": final.get("audit_held", 0),
+             "proof_queue_full": (final.get("proofs") or {}).get("dropped", 0)}
     summary = {
         "seconds": round(time.monotonic() - t_start, 1),
         "rate_hz": args.rate,
@@ -279,12 +373,15 @@ def main(argv: list[str] | None = None) -> int:
         "faults_injected": len(results),
         "faults_recovered": sum(r["recovered"] for r in results),
         "faults": results,
-        "skipped": [] if soak.root else ["disk_full (needs root to mount a tmpfs)"],
+        "skipped": ([] if soak.root else ["disk_full (needs root to mount a tmpfs)"])
+                   + ([] if proof_n else ["prover_stall (--proof-n 0: proofs off)"]),
         "acknowledged_records_lost": lost,
         "audit_chain_valid": chain_ok,
         "audit": audit_detail,
         "plc_rejected": rejected,
         "alerts": final.get("alerts", {}),
+        "proofs": {k: (final.get("proofs") or {}).get(k) for k in ("offered", "accepted", "dropped", "proved",
+                                                                   "failed")},
         "rss_start_mb": round(rss_start, 1) if rss_start else None,
         "rss_end_mb": round(rss_end, 1),
         "rss_growth_mb": round(rss_end - rss_start, 1) if rss_start else None,

@@ -275,3 +275,42 @@ def resolve_model(path: str | Path, expected_sha256: str | None = None) -> tuple
 def read_manifest(directory: str | Path) -> Manifest:
     """The manifest alone (format checked, hashes not verified)."""
     return Manifest(_read_manifest(Path(directory)))
+
+
+def dequantized(model_bytes: bytes) -> bytes:
+    """The graph with every `DequantizeLinear` of constant weights folded into an FP32 initializer: what
+    ORT computes at load with `session.disable_quant_qdq=1` (float32(q) * scale, one IEEE multiply per
+    element, so the same bits). For tools that read the deployed weights as plain FP32 (the proof circuit).
+    Graphs without such nodes come back unchanged."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load_from_string(model_bytes)
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    folded, keep = {}, []
+    for node in g.node:
+        if node.op_type == "DequantizeLinear" and all(i in inits for i in node.input if i):
+            q = numpy_helper.to_array(inits[node.input[0]]).astype(np.float32)
+            scale = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
+            has_zero = len(node.input) > 2 and node.input[2]
+            zero = numpy_helper.to_array(inits[node.input[2]]).astype(np.float32) if has_zero else 0
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+            if scale.ndim == 1 and q.ndim > 1:
+                shape = [1] * q.ndim
+                shape[axis % q.ndim] = scale.shape[0]
+                scale = scale.reshape(shape)
+                zero = zero.reshape(shape) if isinstance(zero, np.ndarray) else zero
+            folded[node.output[0]] = ((q - zero) * scale).astype(np.float32)
+        else:
+            keep.append(node)
+    if not folded:
+        return model_bytes
+    used = {i for n in keep for i in n.input} | {o.name for o in g.output}
+    del g.node[:]
+    g.node.extend(keep)
+    old = [t for t in g.initializer if t.name in used]
+    del g.initializer[:]
+    g.initializer.extend(old + [numpy_helper.from_array(v, k) for k, v in folded.items()])
+    return model.SerializeToString()

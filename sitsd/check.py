@@ -38,6 +38,8 @@ def run_check(cfg: Config, max_splits: int = 256) -> dict:
     if not rep.satisfiable:
         report.append("model bounds: not analysed (no input satisfies the constraints)")
         return {**result, "report": "\n".join(report)}
+    if cfg.model.kind == "streaming":
+        return _check_streaming(cfg, result, report, limits)
     lower = np.array([rep.bounding_box[n][0] for n in cfg.model.inputs])
     upper = np.array([rep.bounding_box[n][1] for n in cfg.model.inputs])
     out_lo = np.array([limits[o][0] for o in cfg.model.outputs])
@@ -86,6 +88,39 @@ def run_check(cfg: Config, max_splits: int = 256) -> dict:
             report.append(f"  not proven within the split budget; worst sub-region: {box} "
                           f"({r.side} bound {r.bound:.6g} vs limit {r.limit:g})")
         report.append("  fix: constrain the inputs more tightly, bound the model's output head, or widen the limits")
+    return {**result, "report": "\n".join(report)}
+
+
+def _check_streaming(cfg: Config, result: dict, report: list[str], limits: dict) -> dict:
+    """The streaming transformer: ep/bounds has no transfer function for attention over a context, so
+    nothing is propagated through it. Its output head is mid + half * tanh(z), so each output lies in
+    [mid - half, mid + half] for any input and any context: a sound bound, and the only one stated."""
+    from .model import head_range
+
+    try:
+        rng = head_range(cfg)
+    except ModelLoadError as exc:
+        report.append(f"model bounds: cannot read the streaming model: {exc}")
+        return {**result, "bounds_error": str(exc), "report": "\n".join(report)}
+    if rng is None:
+        report.append("model: streaming transformer whose graph has no tanh output head. Its outputs are NOT "
+                      "bounded: ep/bounds cannot analyse attention, and sitsd refuses to start this model.\n"
+                      "  fix: export it with `python -m sitsd.model export-streaming --config CONFIG`")
+        return {**result, "report": "\n".join(report)}
+    lo, hi = rng
+    inside = [bool(lo[i] >= limits[o][0] and hi[i] <= limits[o][1]) for i, o in enumerate(cfg.model.outputs)]
+    result.update({"bounds_proven": all(inside), "method": "output head range (tanh), attention not analysed",
+                   "output_bounds": {o: [float(lo[i]), float(hi[i])] for i, o in enumerate(cfg.model.outputs)},
+                   "width_at": "output", "output_width": float(np.sum(hi - lo))})
+    report.append("model: streaming transformer (model.kind streaming). Its attention layers are NOT analysed: "
+                  "ep/bounds cannot propagate bounds through attention over a context. The bound below comes "
+                  "from the tanh output head alone and holds for any input and any context:")
+    for i, o in enumerate(cfg.model.outputs):
+        verdict = "inside" if inside[i] else "NOT inside"
+        report.append(f"  {o}: head range [{lo[i]:.6g}, {hi[i]:.6g}], {verdict} the actuator limits "
+                      f"[{limits[o][0]:g}, {limits[o][1]:g}]")
+    report.append("  no certificate: a certificate replays input splits through the network, which needs the "
+                  "bounds analysis this model does not have")
     return {**result, "report": "\n".join(report)}
 
 

@@ -26,6 +26,8 @@ EPILOG = """examples:
   sitsctl diagnose --config rolling-mill.yaml --format png --output cause.png   ranked root cause
   sitsctl audit verify /var/lib/sitsd/audit     the hash chain; exit 1 names the first bad record
   sitsctl verify-proof proof.json --vk vk.json --public public.json   exit 0 only for a valid proof
+  sitsctl sign --authority-key authority.key.pem pre_filter.wat rolling-mill.yaml   writes FILE.sig (offline)
+  sitsctl verify-signature --authority-pub authority.pub.pem pre_filter.wat
   sitsctl plcsim --trust-key /var/lib/sitsd/audit/signer.pub.pem
   --tcti STRING (or SITS_TCTI) works with every command: the TPM to use instead of attestation.tcti
 """
@@ -47,7 +49,7 @@ def _cmd_demo(args) -> int:
     result = run_demo(seconds=args.seconds, config_path=args.config, force_software=args.software,
                       seed=args.seed, rate_hz=args.rate, transport=args.transport, security=args.security,
                       field_encoding=args.field_encoding, profile=args.profile, signing=args.signing,
-                      proof_every=args.proofs)
+                      proof_every=args.proofs, compiled=not args.onnx)
     print(human_summary(result))
     if args.json:
         print(json.dumps(result))
@@ -78,6 +80,12 @@ def _cmd_status(args) -> int:
     print(f"  frames {c['frames']}  commands {c['commands']}  dropped {c['dropped']}  fail-safe {c['failsafe']}  "
           f"deadline missed {c['deadline_missed']}  expired {c['expired']}  write errors {c['write_errors']}")
     print(f"  latency p50 {lat['p50'] / 1000:.2f} ms  p99 {lat['p99'] / 1000:.2f} ms  max {lat['max'] / 1000:.2f} ms")
+    pr = answer.get("proofs")
+    if pr:
+        print(f"  proofs  {pr['policy']}{' n=' + str(pr['n']) if pr['policy'] == 'one_in_n' else ''}: offered "
+              f"{pr['offered']}  accepted {pr['accepted']}  dropped (queue full) {pr['dropped']}  proved "
+              f"{pr['proved']}  failed {pr['failed']}  queue {pr['queue_depth']}/{pr['queue_max']}  in flight "
+              f"{pr['in_flight']}  workers {len(pr['worker_pids'])}")
     if answer["alerts"]:
         print("  alerts  " + ", ".join(f"{k} {v}" for k, v in answer["alerts"].items()))
     return 0
@@ -153,8 +161,8 @@ def _cmd_check(args) -> int:
     cfg = load_config(args.config, parse_overrides(args.set))
     result = run_check(cfg, max_splits=args.max_splits)
     print(result.pop("report"))
-    is_artifact = Path(cfg.model.artifact).is_dir()
-    if result["bounds_proven"] and (args.certificate or is_artifact):
+    is_artifact = cfg.model.artifact is not None and Path(cfg.model.artifact).is_dir()
+    if result["bounds_proven"] and cfg.model.kind == "mlp" and (args.certificate or is_artifact):
         from .check import certify_model
 
         cert = certify_model(cfg, result, max_splits=args.max_splits)
@@ -238,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--proofs", type=int, default=100, metavar="N",
                       help="prove every N-th command with Groth16 off the fast path, then verify every proof "
                       "with sits2026 and snarkjs (default 100; 0: no proofs)")
+    demo.add_argument("--onnx", action="store_true",
+                      help="run the config's .onnx as is; by default the demo runs the artifact "
+                      "examples/compile-demo-model.sh compiles from it (cached after the first run)")
     demo.set_defaults(func=_cmd_demo)
 
     status = sub.add_parser("status", help="ask a running sitsd for uptime, model, signer, counters, latency")
@@ -307,6 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     __import__("sitsd.cli_diagnose").cli_diagnose.register(sub)  # sitsctl diagnose (fault attribution)
     __import__("sitsd.cli_zk").cli_zk.register(sub)  # sitsctl zk-setup / prove / verify-proof (Groth16)
     __import__("sitsd.cli_deploy").cli_deploy.register(sub)  # sitsctl deploy, sitsctl policy keygen / approve
+    __import__("sitsd.cli_sign").cli_sign.register(sub)  # sitsctl sign / verify-signature (detached signatures)
     sub.add_parser("plcsim", help="run the rolling-mill PLC simulator (see sitsctl plcsim --help)",
                    add_help=False)
     sub.add_parser("compile", help="compile an ONNX model into a verified artifact: graph passes, FP8/int8 "

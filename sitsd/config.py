@@ -108,6 +108,9 @@ def _cross_checks(cfg: Config) -> list[tuple[tuple, str]]:
     for i, s in enumerate(cfg.signals):
         if not (math.isfinite(s.lower) and math.isfinite(s.upper)):
             problems.append((("signals", i), "min and max must be finite"))
+    if cfg.model.kind == "streaming" and cfg.proof.policy != "off":
+        problems.append((("proof", "policy"), "proofs need the MLP's circuit; there is no circuit for the streaming "
+                         "transformer (attention): set proof.policy: off, or use model.kind: mlp"))
     return problems
 
 
@@ -144,6 +147,8 @@ def _resolve_paths(data: dict, base: Path) -> None:
             section[key] = str(p if p.is_absolute() else (base / p))
 
     fix(data.get("model"), "artifact")
+    model = data.get("model")
+    fix(model.get("streaming") if isinstance(model, dict) else None, "state_directory")
     fix(data.get("plc"), "pki_dir")
     fix(data.get("audit"), "directory")
     fix(data.get("proof"), "directory")

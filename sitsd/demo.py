@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import TextIO
 
 from attestation.signers import SoftwareSigner
-from ep.artifact import resolve_model
 
 from .config import Config, load_config
 from .daemon import Daemon
 from .errors import StartupError
+from .model import model_sha256
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TRANSPORTS = ("udp", "opcua", "eth")
@@ -105,14 +105,17 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
              progress: TextIO | None = sys.stderr, force_software: bool = False, seed: int = 1,
              rate_hz: float = 100.0, overrides: dict | None = None, transport: str = "udp",
              security: str = "sign-and-encrypt", field_encoding: str = "variant",
-             profile: str = "simulator", signing: str = "tpm-session", proof_every: int = 0) -> dict:
+             profile: str = "simulator", signing: str = "tpm-session", proof_every: int = 0,
+             compiled: bool = True) -> dict:
     """Run the closed loop for `seconds` (or until `frames` frames) and return the summary dict.
 
     transport: "udp" (UADP over UDP multicast, read by the loop thread) or "opcua" (an OPC UA
     subscription on the simulator's SensorFrame variable) or "eth" (UADP over raw Ethernet with a
     VLAN tag, the simulator in its own network namespace behind a veth pair; needs root).
     proof_every: prove every n-th command (Groth16, off the fast path); each proof made is then
-    verified by our verifier and by snarkjs (one Node process) and counted in the summary."""
+    verified by our verifier and by snarkjs (one Node process) and counted in the summary.
+    compiled: an MLP given as a .onnx file runs as the artifact examples/compile-demo-model.sh makes of it
+    (compiled into a cache directory on first use, sitsd/demo_model.py); False runs the .onnx as is."""
     if transport not in TRANSPORTS:
         raise ValueError(f"transport {transport!r}: choose one of {', '.join(TRANSPORTS)}")
     from attestation.tpm import Swtpm, TpmSigner, swtpm_available
@@ -151,9 +154,21 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
                 "not a TPM-anchored one (apt-get install swtpm swtpm-tools)")
             attestation = {"attestation.mode": "software"}
         base = load_config(config_path, overrides)  # the model the demo runs may be overridden
+        if compiled and base.model.kind == "mlp" and Path(base.model.artifact).is_file():
+            from .demo_model import compiled_artifact
+
+            overrides = {**(overrides or {}), "model.artifact": str(compiled_artifact(config_path, base, say))}
+            base = load_config(config_path, overrides)
         group = f"239.255.{random.randint(1, 254)}.{random.randint(1, 254)}"
         udp_url = f"opc.udp://{group}:{_free_udp_port()}"
-        model_sha = resolve_model(base.model.artifact)[1].hex()  # a file's hash, or a compiled artifact's
+        model_sha = model_sha256(base)  # a file's hash, a compiled artifact's, or the streaming graph's
+        if base.model.kind == "streaming":
+            say("model: the streaming transformer (model.kind streaming) with deterministic random weights: it is "
+                "not a trained controller, so no control quality is expected; the safety envelope keeps every "
+                "command inside the actuator limits")
+            if proof_every:
+                say("proofs: off (skipped: there is no circuit for the streaming transformer's attention)")
+                proof_every = 0
         session = hasattr(signer, "bind")
         key_path = workdir / ("device.pub.pem" if session else "signer.pub.pem")
         key_path.write_bytes(signer.device_public_key_pem() if session else signer.public_key_pem())
@@ -243,6 +258,9 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
             "plc_profile": profile,
             "plc_events": status["plc_events"],
             "model_sha256": status["model_sha256"],
+            "model_kind": base.model.kind,
+            "model": status["model"],
+            "stream": status.get("stream"),
             "thickness_error_um": {k: round(v, 2) for k, v in plc_stats["thickness_error_um"].items()},
             "failsafe": c["failsafe"],
             "deadline_missed": c["deadline_missed"],
@@ -348,12 +366,17 @@ def human_summary(r: dict) -> str:
         f"  transport            {r['transport']} (RX timestamps: {r['rx_stamp_source']}"
         + (f", VLAN PCP {r['vlan_pcp']})" if r["vlan_pcp"] >= 0 else ")"),
         *([f"  launch time          {r['launch_time']}"] if r["transport"] == "eth" else []),
-        f"  model SHA-256        {r['model_sha256']}",
+        f"  model SHA-256        {r['model_sha256']}" + (f" ({r['model']})" if r.get("model") else ""),
         f"  latency (PLC send -> write acknowledged)  p50 {lat['p50'] / 1000:.2f} ms  p99 {lat['p99'] / 1000:.2f} ms"
         f"  max {lat['max'] / 1000:.2f} ms",
         "  stages (p50 / p99, us): " + ", ".join(f"{k} {v['p50']:g}/{v['p99']:g}" for k, v in r["stages_us"].items()),
         f"  exit thickness error (mean |h - target|): closed loop {th['closed_loop']:.2f} um, "
-        f"open loop {th['open_loop']:.2f} um ({improvement:.1f}x better with the model in the loop)",
+        f"open loop {th['open_loop']:.2f} um ({improvement:.1f}x better with the model in the loop)"
+        if r.get("model_kind", "mlp") == "mlp" else
+        f"  exit thickness error (mean |h - target|): closed loop {th['closed_loop']:.2f} um, open loop "
+        f"{th['open_loop']:.2f} um (streaming transformer with random weights: no control quality expected)",
+        *([f"  stream               position {r['stream']['position']}, KV in RAM {r['stream']['kv_ram_bytes']} B "
+           f"(allocated once), window {r['stream']['window']} tokens"] if r.get("stream") else []),
     ]
     pr = r.get("proofs")
     if pr is not None:

@@ -1,6 +1,6 @@
 """Zero-downtime updates of the loop's stages: WASM modules, the model, and the config.
 
-stage (verify hash) -> prepare on a worker thread (compile or deserialize, instantiate, golden-vector
+stage (verify signature and hash) -> prepare on a worker thread (compile or deserialize, instantiate, golden-vector
 self-test; for a model: load through ep and prove its output bounds inside the actuator limits) ->
 swap: one reference assignment (`loop.stage_set = new`) that the loop reads once at the start of each
 frame, so every frame runs on exactly one StageSet -> the previous set stays loaded for an instant
@@ -109,8 +109,10 @@ class HotSwap:
     preparation (call them on a worker thread, never on the loop or the I/O event loop); one at a time."""
 
     def __init__(self, loop, host: WasmHost | None, *, n_inputs: int, n_outputs: int, bounds_check=None,
-                 measure=None, alerts=None, module_specs: dict | None = None, pickup_timeout_s: float = 2.0) -> None:
+                 measure=None, alerts=None, module_specs: dict | None = None, pickup_timeout_s: float = 2.0,
+                 signatures=None) -> None:
         self.loop = loop
+        self.signatures = signatures  # sitsd.signatures.SignaturePolicy: the stage step's signature check
         self.host = host
         self.n_inputs, self.n_outputs = n_inputs, n_outputs
         self.bounds_check = bounds_check  # model path -> (proven: bool, report: str)
@@ -159,6 +161,11 @@ class HotSwap:
         spec = self.module_specs.get(name)
         limits = module_limits(spec) if spec is not None else None
         n = self.n_inputs if stage == "pre" else self.n_outputs
+        signed = self._check_signature("module", path)
+        if signed and path.suffix == ".wasm":  # the host must compile the very bytes whose signature was checked
+            if expected_sha256 and expected_sha256 != signed:
+                raise SwapRefused(f"module {path}: SHA-256 {signed} differs from the expected {expected_sha256}")
+            expected_sha256 = signed
         try:
             return self.host.load(name, stage, path, n, n, expected_sha256=expected_sha256, limits=limits,
                                   between=self.between_frames)
@@ -167,8 +174,11 @@ class HotSwap:
 
     def prepare_model(self, path: Path, expected_sha256: str | None = None) -> tuple[ModelRunner, float, str]:
         t0 = time.perf_counter_ns()
-        try:
-            runner = ModelRunner(path, self.n_inputs, self.n_outputs, expected_sha256=expected_sha256)
+        signed = self._check_signature("model", Path(path), expected_sha256)
+        if signed and expected_sha256 and signed != expected_sha256:
+            raise SwapRefused(f"model {path}: SHA-256 {signed} differs from the expected {expected_sha256}; refused")
+        try:  # the runner must load the very bytes whose signature was checked
+            runner = ModelRunner(path, self.n_inputs, self.n_outputs, expected_sha256=signed or expected_sha256)
         except ModelLoadError as exc:
             raise SwapRefused(str(exc)) from None
         report = ""
@@ -178,6 +188,22 @@ class HotSwap:
                 raise SwapRefused(f"model {path}: output bounds not proven inside the actuator limits; "
                                   f"refused\n{report}")
         return runner, (time.perf_counter_ns() - t0) / 1e6, report
+
+    def _check_signature(self, kind: str, path: Path, sha256: str | None = None) -> str | None:
+        """Stage step: the candidate's signature when attestation.require_signatures asks for one. Returns
+        the SHA-256 that was checked (None when none was), SwapRefused when missing or wrong."""
+        if self.signatures is None or not self.signatures.requires(kind):
+            return None
+        from attestation.signatures import SignatureError
+
+        from .signatures import file_sha256, model_sha256
+
+        try:
+            sha256 = sha256 or (model_sha256(path) if kind == "model" else file_sha256(path))
+            self.signatures.check(kind, path, sha256)
+        except SignatureError as exc:
+            raise SwapRefused(f"signature check failed: {exc}") from None
+        return sha256
 
     # -- the swap -----------------------------------------------------------------------------------
     def _activate(self, new: StageSet, action: str, component: str, name: str, sha: str, prepare_ms: float,
@@ -223,6 +249,10 @@ class HotSwap:
                     "previous": old.describe() if old else None}
 
     def update_model(self, path: Path, expected_sha256: str | None = None) -> dict:
+        if getattr(self.loop.stage_set.model, "kind", "mlp") == "streaming":
+            # its state is the stream's KV cache, tied to these weights: a new model could not continue it
+            raise SwapRefused("model hot swap is not supported for model.kind streaming (the stream's KV state "
+                              "belongs to the running weights); change the config and restart sitsd")
         with self._lock, _low_priority():
             runner, prepare_ms, report = self.prepare_model(path, expected_sha256)
             cur = self.loop.stage_set
@@ -398,7 +428,8 @@ def attach(daemon) -> HotSwap:
         log.record("config", Path(daemon.config_path).name, file_sha256(daemon.config_path))
     return HotSwap(loop, daemon.wasm, n_inputs=len(cfg.model.inputs), n_outputs=len(cfg.model.outputs),
                    bounds_check=model_bounds_check(lambda: daemon.cfg), measure=log.record, alerts=daemon.alerts,
-                   module_specs={m.name: m for m in cfg.modules})
+                   module_specs={m.name: m for m in cfg.modules},
+                   signatures=__import__("sitsd.signatures").signatures.SignaturePolicy.from_config(cfg))
 
 
 def control_handlers(daemon) -> dict:

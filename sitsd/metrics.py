@@ -214,9 +214,29 @@ class DaemonCollector:
             model = GaugeMetricFamily("sitsd_model_info", "The model in the loop.", labels=["sha256", "artifact"])
             model.add_metric([d.model.sha256.hex(), str(d.cfg.model.artifact)], 1.0)
             yield model
-        backlog = GaugeMetricFamily("sitsd_proof_backlog", "Inference proofs waiting to be produced.")
-        backlog.add_metric([], float(getattr(d, "proof_backlog", 0) or 0))
+        prover = getattr(d, "prover", None)
+        proofs = prover.status() if prover is not None else None
+        backlog = GaugeMetricFamily("sitsd_proof_backlog", "Inference proofs waiting to be produced (queued + in "
+                                    "flight).")
+        backlog.add_metric([], float(proofs["queue_depth"] + proofs["in_flight"]) if proofs else 0.0)
         yield backlog
+        if proofs is not None:  # proof.policy on: offered = skipped + accepted + dropped, by decision
+            yield _counter("sitsd_proof_offers", "Commands offered to the prover, by decision: skipped by the "
+                           "policy, accepted into the queue, or dropped because the queue was full.", None,
+                           ["decision"], {k: proofs[k] for k in ("skipped", "accepted", "dropped")})
+            yield _counter("sitsd_proofs", "Accepted proofs by outcome: proved, failed, or cancelled (still queued "
+                           "when the daemon stopped).", None, ["outcome"],
+                           {k: proofs[k] for k in ("proved", "failed", "cancelled")})
+            for name, doc, v in (("sitsd_proof_queue_depth", "Proofs waiting in the bounded queue.",
+                                  proofs["queue_depth"]),
+                                 ("sitsd_proof_queue_capacity", "Size of the bounded proof queue.",
+                                  proofs["queue_max"]),
+                                 ("sitsd_proofs_in_flight", "Proofs being computed by a worker now.",
+                                  proofs["in_flight"]),
+                                 ("sitsd_proof_workers", "Live prover processes.", len(proofs["worker_pids"]))):
+                g = GaugeMetricFamily(name, doc)
+                g.add_metric([], float(v))
+                yield g
 
         self.histograms.update(d.timings)
         yield from self.histograms.families()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from attestation.zk import CompiledModel, LinearSpec, ProvingKey, ZkError, compile_chain, dev_setup, parse_onnx
 from attestation.zk.formats import r1cs_file, snarkjs_json, zkey
-from ep.artifact import resolve_model
+from ep.artifact import dequantized, resolve_model
 
 from .config import Config
 
@@ -33,7 +33,8 @@ def circuit_for_config(cfg: Config, frac_bits: int = 12, guard_bits: int = 2) ->
     with integer coefficients are enforced; the rest are listed as not encoded (see docs/zk.md).
     """
     data, digest, _ = resolve_model(cfg.model.artifact, cfg.model.sha256)
-    chain = parse_onnx(data, digest.hex(), Path(cfg.model.artifact))
+    # an FP8 artifact: its weights as the runtime folds them to FP32 at load (same bits, plain initializers)
+    chain = parse_onnx(dequantized(data), digest.hex(), Path(cfg.model.artifact))
     by_name = {s.name: s for s in cfg.signals}
     ranges = []
     for name in cfg.model.inputs:
@@ -119,11 +120,27 @@ def _worker_init(cfg: Config, keys: Path) -> None:
 
     from attestation.zk import available_backends, prepare
 
+    _die_with_parent()
     keys.mkdir(parents=True, exist_ok=True)
     with open(keys / ".lock", "w") as lock:  # one worker makes the development setup, the others wait
         fcntl.flock(lock, fcntl.LOCK_EX)
         cm, pk = ensure_keys(cfg, keys)
     _WORKER.update(cm=cm, key=prepare(pk, available_backends()[-1]))
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this worker when the daemon dies, even by kill -9 (PR_SET_PDEATHSIG); otherwise an
+    orphaned prover keeps its memory until it next reads its job queue. The daemon's I/O thread, which
+    started the workers, lives as long as the daemon."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the pool's own shutdown is all there is
+        return
+    if os.getppid() == 1:  # the daemon died before the call above took effect
+        os._exit(1)
 
 
 def _worker_ready() -> str:
@@ -167,7 +184,10 @@ class ProofService:
         self._index_lock = threading.Lock()
         self._last_alert: object = None
         self._count = 0
-        self.offered = self.accepted = self.dropped = self.proved = self.failed = 0
+        # offered = skipped (by policy) + accepted + dropped (queue full); accepted = proved + failed + cancelled
+        # (queued when the daemon stopped) + queue depth + in flight. Each is written by one thread only.
+        self.offered = self.skipped = self.accepted = self.dropped = self.proved = self.failed = 0
+        self.submitted = self.cancelled = 0  # handed to a worker (feeder thread); discarded at shutdown
         self._pool: ProcessPoolExecutor | None = None
         self._feeder: threading.Thread | None = None
 
@@ -193,11 +213,13 @@ class ProofService:
         if self.policy == "one_in_n":
             self._count += 1
             if self._count < self.n:
+                self.skipped += 1
                 return None
             self._count = 0
         elif self.policy == "on_alert":
             last = alerts[-1] if alerts else None
             if last is None or last is self._last_alert:
+                self.skipped += 1
                 return None
             self._last_alert = last
         proof_id = f"cmd-{sequence}"
@@ -234,13 +256,18 @@ class ProofService:
                 fut = self._pool.submit(_worker_prove, job[0], job[1], job[2], self.directory)
             except RuntimeError:  # pool shut down
                 self._slots.release()
+                self.cancelled += 1
                 return
+            self.submitted += 1
             fut.add_done_callback(lambda f, job=job: self._done(job, f))
 
     def _done(self, job: tuple, fut: Future) -> None:
         self._slots.release()
         exc = fut.exception() if not fut.cancelled() else RuntimeError("cancelled at shutdown")
-        if exc is None:
+        if fut.cancelled():
+            self.cancelled += 1
+            self._index({"id": job[0], "status": "dropped", "error": str(exc)})
+        elif exc is None:
             self.proved += 1
             self._index({"id": job[0], "status": "ok", **fut.result()})
         else:
@@ -253,8 +280,21 @@ class ProofService:
                 f.write(json.dumps({"t_ns": time.time_ns(), **entry}) + "\n")
 
     def counters(self) -> dict:
-        return {"offered": self.offered, "accepted": self.accepted, "dropped": self.dropped,
-                "proved": self.proved, "failed": self.failed}
+        return {"offered": self.offered, "skipped": self.skipped, "accepted": self.accepted, "dropped": self.dropped,
+                "proved": self.proved, "failed": self.failed, "cancelled": self.cancelled}
+
+    def worker_pids(self) -> list[int]:
+        """The prover processes' PIDs (e.g. to watch or stop them from outside: bench/soak.py)."""
+        pool = self._pool
+        procs = getattr(pool, "_processes", None) or {}  # ProcessPoolExecutor keeps {pid: process}
+        return sorted(pid for pid, proc in list(procs.items()) if proc.is_alive())
+
+    def status(self) -> dict:
+        """Counters, queue depth and workers for `sitsctl status` and the metrics (any thread)."""
+        in_flight = max(0, self.submitted - self.proved - self.failed - self.cancelled)
+        return {"policy": self.policy, "n": self.n, "workers": self.workers, "worker_pids": self.worker_pids(),
+                "queue_depth": self._queue.qsize(), "queue_max": self._queue.maxsize, "in_flight": in_flight,
+                **self.counters()}
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop taking jobs; proofs in flight finish, queued ones are dropped and listed in the index."""
@@ -266,7 +306,7 @@ class ProofService:
             except _queue.Empty:
                 break
             if job is not None:
-                self.dropped += 1
+                self.cancelled += 1
                 self._index({"id": job[0], "status": "dropped", "error": "daemon stopped before proving it"})
         self._queue.put(None)
         if self._feeder is not None:

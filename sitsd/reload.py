@@ -61,11 +61,17 @@ def apply(daemon, new: Config) -> None:
 def reload(daemon, path: Path, overrides: dict | None = None) -> dict:
     """Load, check and apply; tells systemd RELOADING=1 ... READY=1 around it. Returns the outcome."""
     daemon.notifier.send(f"RELOADING=1\nMONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
+    from attestation.signatures import SignatureError
+
+    from .signatures import SignaturePolicy
+
     try:
+        # attestation.require_signatures all: the running policy decides (attestation needs a restart)
+        SignaturePolicy.from_config(daemon.cfg).check("config", Path(path))
         new = load_config(path, overrides)
         changed = plan(daemon.cfg, new)
         apply(daemon, new)
-    except (ConfigError, ReloadRefused) as exc:
+    except (ConfigError, ReloadRefused, SignatureError) as exc:
         reason = str(exc)
         daemon.log.error("config reload refused; the running configuration stays", error=reason, config=str(path))
         daemon.notifier.send(f"READY=1\nSTATUS=reload refused: {reason.splitlines()[0][:200]}")

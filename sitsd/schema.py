@@ -149,11 +149,51 @@ class Module(_Section):
     memory_pages: int = Field(default=4, ge=1, le=1024, description="linear memory limit, 64 KiB pages")
 
 
+class StreamingSection(_Section):
+    """model.kind streaming (ep/streaming, docs/ep.md): a causal transformer, one token per frame, its KV
+    cache in tiers (hot window in RAM, warm pages, cold slots in a file under `state_directory`)."""
+
+    window: int = Field(default=256, ge=1, le=65536, description="tokens attention always sees")
+    page_tokens: int = Field(default=16, ge=1, le=4096, description="tokens per KV page (slides, archive)")
+    warm_pages: int = Field(default=8, ge=1, le=4096, description="archived pages kept compressed in RAM")
+    ring_pages: int = Field(default=256, ge=1, description="archived pages kept on disk per stream")
+    page_format: Literal["int8", "float8e4m3fn"] = "int8"
+    seed: int = Field(default=0, ge=0, description="the demo transformer's weights (deterministic random)")
+    state_directory: Path | None = Field(default=None, description="cold file and frame journal: the stream "
+                                         "resumes after a restart or a crash (default <audit.directory>/streams)")
+    checkpoint_every: int = Field(default=6000, ge=0, description="tokens between checkpoints (snapshot + "
+                                  "fsync, ~1 ms on the loop thread); 0: only at a clean stop")
+
+
 class ModelSection(_Section):
-    artifact: Path
+    kind: Literal["mlp", "streaming"] = Field(
+        default="mlp", description="mlp: one ONNX model or compiled artifact, one call per frame; streaming: "
+        "the streaming transformer (model.streaming), one token per frame")
+    artifact: Path | None = Field(default=None, description="mlp: the .onnx file or `sitsctl compile` artifact; "
+                                  "streaming: optional, a streaming artifact (`sitsctl compile --kv-cache-policy`)")
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     inputs: list[str] = Field(min_length=1)
     outputs: list[str] = Field(min_length=1)
+    streaming: StreamingSection | None = None
+
+    @model_validator(mode="after")
+    def _kind(self):
+        if self.kind == "mlp" and self.artifact is None:
+            raise ValueError("model.artifact is required (the .onnx file or the `sitsctl compile` artifact)")
+        if self.kind == "mlp" and self.streaming is not None:
+            raise ValueError("model.streaming only applies to kind: streaming")
+        if self.kind == "streaming" and self.artifact is not None and self.streaming is not None:
+            fixed = sorted(self.streaming.model_fields_set - {"state_directory", "checkpoint_every"})
+            if fixed:  # one place decides the KV settings: the artifact's manifest
+                raise ValueError(f"model.streaming.{', '.join(fixed)}: a compiled streaming artifact carries its "
+                                 f"KV policy, window, pages and weights in its manifest; drop these (or drop "
+                                 f"model.artifact to build the transformer from model.streaming.seed)")
+        return self
+
+    @property
+    def stream(self) -> StreamingSection:
+        """The streaming settings (defaults when the section is left out)."""
+        return self.streaming or StreamingSection()
 
     @field_validator("sha256", mode="before")
     @classmethod
@@ -314,11 +354,21 @@ class AttestationSection(_Section):
     approval: Path | None = Field(default=None, description="the authority's approval (sitsctl policy approve)")
     authority_key: Path | None = Field(default=None, description="the authority's public key (PEM) approvals "
                                        "are checked against; keep its private key offline")
+    require_signatures: Literal["off", "modules", "all"] = Field(
+        default="off", description="which files need the authority's detached signature (FILE.sig, `sitsctl sign`) "
+        "at startup, hot swap and reload: none, WASM modules, or modules + model + config (production: all)")
 
     @model_validator(mode="after")
     def _tcti(self):
         if self.mode == "tpm2" and not self.tcti:
             raise ValueError("mode tpm2 needs tcti: device:/dev/tpmrm0 for a real TPM, swtpm:path=<socket> for swtpm")
+        return self
+
+    @model_validator(mode="after")
+    def _signatures_need_authority(self):
+        if self.require_signatures != "off" and self.authority_key is None:
+            raise ValueError(f"require_signatures {self.require_signatures} needs authority_key, the authority's "
+                             "public key (PEM) the signatures are checked against")
         return self
 
 

@@ -57,6 +57,11 @@ def render(status: dict, prev: dict | None = None, dt: float = 0.0) -> str:
     ]
     for name, s in status.get("stages_us", {}).items():
         lines.append(f"  {name:<16}{s['p50']:>10.1f}{s['p99']:>10.1f}{s.get('max', 0.0):>10.1f}")
+    pr = status.get("proofs")
+    if pr:
+        lines += ["", f"  proofs    {pr['proved']:>10}  proved  (offered {pr['offered']}, accepted {pr['accepted']}, "
+                  f"dropped {pr['dropped']}, failed {pr['failed']}, queue {pr['queue_depth']}/{pr['queue_max']}, "
+                  f"in flight {pr['in_flight']})"]
     alerts = status.get("alerts") or {}
     lines += ["", "  alerts    " + (", ".join(f"{k} {v}" for k, v in sorted(alerts.items())) or "none")]
     for a in status.get("recent_alerts") or []:

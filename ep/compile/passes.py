@@ -170,7 +170,9 @@ def upgrade_opset(model: ModelProto, version: int) -> tuple[ModelProto, dict]:
     """The default-domain opset raised to `version` (onnx version converter), IR version to match."""
     old = _default_opset(model)
     if old >= version:
-        ir = max(model.ir_version, helper.find_min_ir_version_for(list(model.opset_import)), 9)
+        # contrib domains (com.microsoft: GroupQueryAttention) have no IR table entry: the default domain decides
+        ir = max(model.ir_version, helper.find_min_ir_version_for(
+            [o for o in model.opset_import if o.domain in ("", "ai.onnx")]), 9)
         if ir != model.ir_version:
             model = _copy(model)
             model.ir_version = ir  # float8 tensors need IR >= 9

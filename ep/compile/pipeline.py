@@ -49,12 +49,13 @@ from . import fp8 as fp8_mod
 from . import int8 as int8_mod
 from ..errors import CompileError
 from .graph import count_ops
+from . import streaming as stream_mod
 from .passes import (eliminate_dead_code, fold_constants, gemm_to_matmul, infer_shapes, initializers_not_inputs,
                      load_model, run_pass, upgrade_opset)
 
 MODES = ("none", "fp8-adaptive", "int8")
 TARGETS = ("cpu",)
-KV_CACHE_POLICIES = ("none",)
+KV_CACHE_POLICIES = stream_mod.KV_CACHE_POLICIES
 FP8_OPSET = 21
 MIN_SAMPLES = 8
 MAX_ACTIVATION_ROWS = 1024
@@ -183,8 +184,10 @@ def compile_model(model_path: str | Path, output_dir: str | Path, quantization: 
                   calibration: np.ndarray | str | Path | None = None, target: str = "cpu",
                   progress: Callable[[str], None] | None = None, *, kv_cache_policy: str = "none",
                   fp8_max_layer_error: float = 0.25, overwrite: bool = False,
-                  chunk_size: int = 16 << 20) -> Manifest:
-    """Compiles `model_path` into the artifact directory `output_dir` and returns its manifest."""
+                  chunk_size: int = 16 << 20, kv_params: dict | None = None) -> Manifest:
+    """Compiles `model_path` into the artifact directory `output_dir` and returns its manifest. A streaming
+    model (`ep.compile.streaming`) takes `kv_cache_policy` window or tiered with `kv_params` (window,
+    page_tokens, warm_codec, warm_pages, cold_slots); its calibration data is one stream of frames."""
     say = progress or _noop
     timings: dict[str, float] = {}
     t_all = time.perf_counter()
@@ -202,16 +205,25 @@ def compile_model(model_path: str | Path, output_dir: str | Path, quantization: 
     model, entry = initializers_not_inputs(source)
     passes = [{"pass": "initializers_not_inputs", **entry}]
     g = model.graph
-    if len(g.input) != 1:
+    streaming = stream_mod.is_streaming(model)
+    kv = stream_mod.kv_settings(kv_cache_policy, streaming, model_path.name, **(kv_params or {}))
+    if streaming:
+        if quantization == "int8":
+            raise CompileError(f"model {model_path}: int8 (quantize_dynamic) is not offered for streaming models; "
+                               f"use --quantization fp8-adaptive or none")
+        shape = stream_mod.stream_shape(model)
+        input_info = {"name": "frame", "dtype": "float32", "shape": ["N", shape["n_inputs"]]}
+    elif len(g.input) != 1:
         raise CompileError(f"model {model_path}: {len(g.input)} inputs ({', '.join(v.name for v in g.input)}); "
                            f"compile takes models with one input tensor")
-    input_info = _io(g.input[0])
+    else:
+        input_info = _io(g.input[0])
     if input_info["dtype"] != "float32":
         raise CompileError(f"model {model_path}: input {input_info['name']!r} is {input_info['dtype']}, "
                            f"expected float32")
     batch_dim = input_info["shape"][0] if input_info["shape"] else None
     data = load_calibration(calibration, input_info)
-    calib, held = _split(data)
+    calib, held = stream_mod.split(data) if streaming else _split(data)
     ops_before = count_ops(source)
 
     for name, fn in (("infer_shapes", infer_shapes), ("fold_constants", fold_constants),
@@ -236,7 +248,11 @@ def compile_model(model_path: str | Path, output_dir: str | Path, quantization: 
         say(f"calibration: capturing the inputs of {len(act_names)} layers on {min(len(calib), MAX_ACTIVATION_ROWS)} rows")
         t0 = time.perf_counter()
         try:
-            acts = _capture(model, act_names, calib, input_info["name"], batch_dim)
+            if streaming:  # one stream, token by token: a layer's input depends on the frames before
+                acts = stream_mod.run_stream(model.SerializeToString(), calib[:MAX_ACTIVATION_ROWS], extra=act_names)
+                acts.pop("action", None)
+            else:
+                acts = _capture(model, act_names, calib, input_info["name"], batch_dim)
         except Exception as exc:
             raise CompileError(f"running the model on the calibration data failed: {exc}") from exc
         timings["calibration_s"] = time.perf_counter() - t0
@@ -309,7 +325,8 @@ def compile_model(model_path: str | Path, output_dir: str | Path, quantization: 
             "inputs": [_io(v) for v in model.graph.input], "outputs": [_io(v) for v in model.graph.output],
             "quantization": {"mode": quantization, "layers": layers, "notes": notes,
                              **({"max_layer_error": fp8_max_layer_error} if quantization == "fp8-adaptive" else {})},
-            "kv_cache_policy": kv_cache_policy,
+            "kv_cache_policy": kv.to_json() if kv is not None else kv_cache_policy,
+            **({"streaming": stream_mod.stream_shape(model)} if streaming else {}),
             "runtime": {"provider": "CPUExecutionProvider", "graph_optimization_level": "ORT_ENABLE_EXTENDED",
                         "session_config": ({"session.disable_quant_qdq": "1"}
                                            if any(lay.get("format", "").startswith("float8") for lay in layers)
@@ -344,8 +361,12 @@ def compile_model(model_path: str | Path, output_dir: str | Path, quantization: 
         overall_max = 0.0
         means = []
         for key, part in (("calibration", calib), ("held_out", held)):
-            ref = _outputs(ref_sess, part, input_info["name"], batch_dim)
-            got = _outputs(sess, part, input_info["name"], batch_dim)
+            if streaming:  # each part as one stream from position 0
+                ref = stream_mod.run_stream(source.SerializeToString(), part)["action"].astype(np.float64).ravel()
+                got = stream_mod.run_stream(model_bytes, part, fp8=loaded.fp8)["action"].astype(np.float64).ravel()
+            else:
+                ref = _outputs(ref_sess, part, input_info["name"], batch_dim)
+                got = _outputs(sess, part, input_info["name"], batch_dim)
             if not np.all(np.isfinite(got)):
                 raise CompileError(f"the compiled model produces NaN or infinity on the {key} data")
             acc[key] = _errors(ref, got, len(part))

@@ -41,10 +41,31 @@ class StreamSpec:
     kv_heads: int = 2
     n_layers: int = 2
     d_ff: int = 256
+    # per input (low, high): the graph maps each signal to [-1, 1] first (raw sensor units differ by 10^4)
+    input_range: tuple[tuple[float, float], ...] | None = None
+    # per output (low, high): a saturating head, out = mid + half * tanh(z), so every output stays inside
+    # (low, high) for any input and any context (what `sitsctl check` can state for this model); None:
+    # a linear head
+    output_range: tuple[tuple[float, float], ...] | None = None
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    def input_affine(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(center, 1/half-width) of the input normalization, or None."""
+        if self.input_range is None:
+            return None
+        lo, hi = np.array(self.input_range, np.float64).T
+        return (hi + lo) / 2, 2 / (hi - lo)
+
+    def output_affine(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(mid, half) of the tanh head, float32 as in the graph, or None. `half` is shrunk by 2^-12 so
+        that mid + half rounded in float32 never lands outside (low, high)."""
+        if self.output_range is None:
+            return None
+        lo, hi = np.array(self.output_range, np.float64).T
+        return ((hi + lo) / 2).astype(np.float32), ((hi - lo) / 2 * (1 - 2.0 ** -12)).astype(np.float32)
 
     def kv_token_bytes(self, itemsize: int = 4) -> int:
         """Bytes of keys + values of one token over all layers."""
@@ -94,7 +115,14 @@ def build_model(spec: StreamSpec = StreamSpec(), seed: int = 0, capacity: int | 
         y = node("MatMul", [x, wn], [out + "_mm"])
         return node("Add", [y, bn], [out]) if bn else y
 
-    x = node("Add", [linear("frame", "W_in", "b_in", "x_in"), "pe"], ["x0"])
+    frame = "frame"
+    extra = []
+    if spec.input_affine() is not None:
+        center, scale = spec.input_affine()
+        extra += [numpy_helper.from_array(center.astype(np.float32), "in_center"),
+                  numpy_helper.from_array(scale.astype(np.float32), "in_scale")]
+        frame = node("Mul", [node("Sub", ["frame", "in_center"], ["frame_c"]), "in_scale"], ["frame_n"])
+    x = node("Add", [linear(frame, "W_in", "b_in", "x_in"), "pe"], ["x0"])
     for i in range(spec.n_layers):
         for kind in ("key", "value"):
             inputs.append(helper.make_tensor_value_info(f"past_{kind}_{i}", f32, kv_shape))
@@ -112,9 +140,16 @@ def build_model(spec: StreamSpec = StreamSpec(), seed: int = 0, capacity: int | 
         h = node("Gelu", [linear(m, f"W1{i}", f"b1{i}", f"h{i}")], [f"g{i}"])
         x = node("Add", [x, linear(h, f"W2{i}", f"b2{i}", f"f{i}")], [f"x{i}_f"])
     y = node("LayerNormalization", [x, "lnf_g", "lnf_b"], ["lnf"], axis=-1, epsilon=1e-5)
-    node("Add", [node("MatMul", [y, "W_head"], ["head_mm"]), "b_head"], ["action"])
+    if spec.output_affine() is None:
+        node("Add", [node("MatMul", [y, "W_head"], ["head_mm"]), "b_head"], ["action"])
+    else:
+        mid, half = spec.output_affine()
+        extra += [numpy_helper.from_array(mid, "out_mid"), numpy_helper.from_array(half, "out_half")]
+        z = node("Add", [node("MatMul", [y, "W_head"], ["head_mm"]), "b_head"], ["head_z"])
+        t = node("Mul", [node("Tanh", [z], ["head_tanh"]), "out_half"], ["head_scaled"])
+        node("Add", [t, "out_mid"], ["action"])
     graph = helper.make_graph(nodes, "sits_stream", inputs, outputs,
-                              [numpy_helper.from_array(v, k) for k, v in w.items()])
+                              [numpy_helper.from_array(v, k) for k, v in w.items()] + extra)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
                                                     helper.make_opsetid(MS_DOMAIN, 1)],
                               producer_name="sits2026 ep.streaming")
@@ -177,7 +212,11 @@ class ReferenceStream:
         """One token; attention covers the last `visible` tokens including this one (all when None)."""
         s, w = self.spec, self.w
         pe = positional_encoding([self.position], s.d_model)[0].astype(np.float64)
-        x = np.asarray(frame, np.float64) @ w["W_in"] + w["b_in"] + pe
+        x = np.asarray(frame, np.float64)
+        if s.input_affine() is not None:
+            center, scale = s.input_affine()
+            x = (x - center) * scale
+        x = x @ w["W_in"] + w["b_in"] + pe
         for i in range(s.n_layers):
             a = _ln(x, w[f"ln1_g{i}"], w[f"ln1_b{i}"])
             q, k, v = a @ w[f"Wq{i}"], a @ w[f"Wk{i}"], a @ w[f"Wv{i}"]
@@ -191,4 +230,31 @@ class ReferenceStream:
             m = _ln(x, w[f"ln2_g{i}"], w[f"ln2_b{i}"])
             x = x + _gelu(m @ w[f"W1{i}"] + w[f"b1{i}"]) @ w[f"W2{i}"] + w[f"b2{i}"]
         self.position += 1
-        return _ln(x, w["lnf_g"], w["lnf_b"]) @ w["W_head"] + w["b_head"]
+        z = _ln(x, w["lnf_g"], w["lnf_b"]) @ w["W_head"] + w["b_head"]
+        if s.output_affine() is None:
+            return z
+        mid, half = s.output_affine()
+        return mid.astype(np.float64) + half.astype(np.float64) * np.tanh(z)
+
+
+def head_range_of(model_bytes: bytes) -> tuple[np.ndarray, np.ndarray] | None:
+    """The output range a streaming graph's tanh head guarantees, (low, high) per output as float32
+    computes mid -/+ half; None when the graph does not end in that head (action = Tanh(z) * half + mid)."""
+    import onnx
+    from onnx import numpy_helper
+
+    g = onnx.load_from_string(model_bytes).graph
+    producer = {o: n for n in g.node for o in n.output}
+    inits = {t.name: t for t in g.initializer}
+    add = producer.get("action")
+    if add is None or add.op_type != "Add" or list(add.input)[1:] != ["out_mid"]:
+        return None
+    mul = producer.get(add.input[0])
+    if mul is None or mul.op_type != "Mul" or list(mul.input)[1:] != ["out_half"] or "out_mid" not in inits:
+        return None
+    tanh = producer.get(mul.input[0])
+    if tanh is None or tanh.op_type != "Tanh" or "out_half" not in inits:
+        return None
+    mid = numpy_helper.to_array(inits["out_mid"]).astype(np.float32)
+    half = np.abs(numpy_helper.to_array(inits["out_half"]).astype(np.float32))
+    return (mid - half).astype(np.float64), (mid + half).astype(np.float64)

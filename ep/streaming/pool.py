@@ -60,6 +60,7 @@ class PoolConfig:
     journal: bool = True
     policy: str = "cpu"  # the KV buffers are host memory: an accelerator EP would copy them every step
     threads: int = 1
+    archive: bool = True  # False (KV policy `window`): a page that slides out is dropped, not kept warm/cold
 
     @property
     def capacity(self) -> int:
@@ -68,14 +69,17 @@ class PoolConfig:
 
 class StreamPool:
     def __init__(self, directory: str | Path, spec: StreamSpec = StreamSpec(), config: PoolConfig = PoolConfig(),
-                 seed: int = 0) -> None:
+                 seed: int = 0, model: bytes | None = None, fp8: bool = False) -> None:
+        """`model`: the graph's ONNX bytes (a compiled artifact's, `fp8` when its weights are FP8); by default
+        `build_model(spec, seed)`. `spec` must give the graph's shapes (`ep.compile.streaming.stream_shape`)."""
         if config.window < 1 or config.page_tokens < 1 or config.hot_slots < 1:
             raise EpError(f"stream pool: window, page_tokens and hot_slots must be >= 1 ({config})")
         self.spec, self.config = spec, config
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.model_bytes = build_model(spec, seed).SerializeToString()
-        self.ep = Session(self.model_bytes, policy=config.policy, threads=config.threads, label="streaming model")
+        self.model_bytes = model if model is not None else build_model(spec, seed).SerializeToString()
+        self.ep = Session(self.model_bytes, policy=config.policy, threads=config.threads, label="streaming model",
+                          fp8_storage=fp8)
         self.sha256 = self.ep.sha256
         L, H, C, D = spec.n_layers, spec.kv_heads, config.capacity, spec.head_dim
         # shared inputs/outputs, written in place every step
@@ -149,7 +153,8 @@ class StreamPool:
         """The window is full: its oldest page goes to the warm tier, the rest moves down one page."""
         p, kv = self.config.page_tokens, self.hot[st.slot]
         page_index = (st.position - st.count) // p
-        self.tiers.archive(st.stream, page_index, kv[:, :, 0, :, :p, :])
+        if self.config.archive:
+            self.tiers.archive(st.stream, page_index, kv[:, :, 0, :, :p, :])
         kv[:, :, :, :, :-p, :] = kv[:, :, :, :, p:, :]  # overlapping: numpy copies through a buffer
         st.count -= p
 

@@ -135,3 +135,22 @@ def test_not_an_artifact(tmp_path):
         load_artifact(tmp_path)
     with pytest.raises(ArtifactError, match="not a directory"):
         load_artifact(tmp_path / "nothing")
+
+
+def test_dequantized_graph_gives_the_bits_the_folding_session_gives(compiled):
+    """`ep.artifact.dequantized` (what the proof circuit reads) against ORT's own fold at load."""
+    from ep.artifact import dequantized
+    from ep.session import session_options
+
+    data, manifest = load_artifact(compiled[0])
+    assert manifest.fp8
+    plain = dequantized(data)
+    ops = {n.op_type for n in onnx.load_from_string(plain).graph.node}
+    assert "DequantizeLinear" not in ops
+    assert "DequantizeLinear" in {n.op_type for n in onnx.load_from_string(data).graph.node}
+    folded = ort.InferenceSession(data, session_options(1, fp8_storage=True), providers=["CPUExecutionProvider"])
+    ours = ort.InferenceSession(plain, session_options(1), providers=["CPUExecutionProvider"])
+    name = folded.get_inputs()[0].name
+    for x in np.random.default_rng(3).uniform(LO, HI, (64, 1, 6)).astype(np.float32):
+        np.testing.assert_array_equal(folded.run(None, {name: x})[0], ours.run(None, {name: x})[0])
+    assert dequantized(plain) == plain  # nothing left to fold

@@ -1,0 +1,88 @@
+"""The prover's counters in `sitsctl status`, `sitsctl top` and the Prometheus metrics of a real sitsd with
+proofs on (real prover process, keys made at startup): the numbers add up while it runs and exactly once
+it stopped."""
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from ..conftest import EXAMPLE_CONFIG, REPO, sitsd_args, wait_ready
+
+N = 5  # prove one command in 5: at 100 Hz far more than one prover process makes, so the queue overflows
+
+
+def scrape(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_proof_counters_in_status_metrics_and_top(plcsim, tmp_path):
+    from sitsd.control import request
+
+    audit, control = tmp_path / "audit", tmp_path / "c.sock"
+    endpoint, udp_url, _ = plcsim(audit / "signer.pub.pem")
+    log = tmp_path / "sitsd.log"
+    daemon = subprocess.Popen(sitsd_args(EXAMPLE_CONFIG, plc__endpoint=endpoint, transport__url=udp_url,
+                                         attestation__mode="software", plc__security="none", audit__directory=audit,
+                                         control__socket=control, metrics__enabled=True, proof__policy="one_in_n",
+                                         proof__n=N, proof__workers=1, proof__queue=1,
+                                         proof__directory=tmp_path / "proofs"),
+                              stderr=open(log, "wb"), cwd=REPO)
+    try:
+        wait_ready(daemon, log)
+        deadline = time.monotonic() + 120
+        while True:  # until the prover (keys made at its start) has made a few proofs and the queue overflowed
+            proofs = request(control, "status")["proofs"]
+            if proofs["proved"] >= 2 and proofs["dropped"] > 0:
+                break
+            assert daemon.poll() is None and time.monotonic() < deadline, (proofs, log.read_text()[-2000:])
+            time.sleep(0.5)
+        status = request(control, "status")
+        proofs = status["proofs"]
+        assert proofs["policy"] == "one_in_n" and proofs["n"] == N and proofs["queue_max"] == 1
+        assert len(proofs["worker_pids"]) == 1 and proofs["worker_pids"][0] != daemon.pid
+        # the loop thread may be inside `offer` while we read: one offer in progress at most
+        assert 0 <= proofs["offered"] - (proofs["skipped"] + proofs["accepted"] + proofs["dropped"]) <= 1
+        assert abs((proofs["accepted"] + proofs["dropped"]) - proofs["offered"] // N) <= 1
+        done = proofs["proved"] + proofs["failed"] + proofs["cancelled"]
+        assert 0 <= proofs["accepted"] - done - proofs["queue_depth"] - proofs["in_flight"] <= 1
+        assert proofs["queue_depth"] <= 1 and proofs["in_flight"] <= 1 and proofs["failed"] == 0
+
+        m = scrape(status["metrics_url"])
+        after = request(control, "status")["proofs"]
+        offers = {d: m[("sitsd_proof_offers_total", (("decision", d),))] for d in ("skipped", "accepted", "dropped")}
+        outcomes = {o: m[("sitsd_proofs_total", (("outcome", o),))] for o in ("proved", "failed", "cancelled")}
+        for k, v in {**offers, **outcomes}.items():  # counters between the two status reads
+            assert proofs[k] <= v <= after[k], (k, v, proofs, after)
+        assert abs((offers["accepted"] + offers["dropped"]) - sum(offers.values()) // N) <= 1
+        depth, in_flight = m[("sitsd_proof_queue_depth", ())], m[("sitsd_proofs_in_flight", ())]
+        assert 0 <= depth <= m[("sitsd_proof_queue_capacity", ())] == 1
+        assert m[("sitsd_proof_backlog", ())] == depth + in_flight
+        assert m[("sitsd_proof_workers", ())] == 1
+
+        r = subprocess.run([sys.executable, "-m", "sitsd.cli", "status", "--socket", str(control)],
+                           capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert r.returncode == 0, r.stderr
+        line = next(x for x in r.stdout.splitlines() if x.strip().startswith("proofs"))
+        assert f"one_in_n n={N}" in line and re.search(r"dropped \(queue full\) [1-9]", line)
+        r = subprocess.run([sys.executable, "-m", "sitsd.cli", "top", "--socket", str(control), "--iterations", "1"],
+                           capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert r.returncode == 0 and re.search(r"proofs\s+\d+\s+proved", r.stdout), r.stdout + r.stderr
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(60)
+    assert daemon.returncode == 0, log.read_text()[-2000:]
+    # stopped: nothing in flight, so the identities hold exactly
+    final = [json.loads(x) for x in log.read_text().splitlines() if '"prover stopped"' in x][-1]
+    assert final["offered"] == final["skipped"] + final["accepted"] + final["dropped"]
+    assert final["accepted"] == final["proved"] + final["failed"] + final["cancelled"]
+    assert final["proved"] >= 2 and final["dropped"] > 0
+    index = [json.loads(x) for x in (tmp_path / "proofs" / "index.jsonl").read_text().splitlines()]
+    assert sum(e.get("status") == "ok" for e in index) == final["proved"]
