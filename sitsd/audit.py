@@ -45,7 +45,10 @@ _ZST = ".zst"
 
 
 def _open_text(path: Path):
-    """A segment as text lines, compressed or not (a damaged zstd frame raises zstandard.ZstdError)."""
+    """A segment as text lines, compressed or not (a damaged zstd frame raises zstandard.ZstdError).
+    A plain segment that the running daemon compressed since it was listed is read from its .zst."""
+    if not path.name.endswith(_ZST) and not path.exists() and path.with_name(path.name + _ZST).exists():
+        path = path.with_name(path.name + _ZST)
     if path.name.endswith(_ZST):
         raw = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), read_across_frames=True, closefd=True)
         return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="\n")

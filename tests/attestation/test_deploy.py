@@ -331,6 +331,9 @@ def test_verify_on_boot_start_then_deploy_loads_into_the_running_daemon(plcsim, 
     log = tmp_path / "sitsd.log"
     proc = subprocess.Popen(sitsd_args(EXAMPLE_CONFIG, plc__endpoint=endpoint, transport__url=udp_url,
                                        attestation__tcti=swtpm.tcti, plc__security="none", model__artifact=model,
+                                       # this test's vendor, not the one examples/approval was signed by
+                                       attestation__approval=vendor["approval"],
+                                       attestation__authority_key=vendor["pub"],
                                        audit__directory=tmp_path / "audit", control__socket=tmp_path / "c.sock"),
                             stderr=open(log, "wb"), cwd=REPO)
     try:
@@ -374,6 +377,8 @@ def test_verify_on_boot_start_then_deploy_loads_into_the_running_daemon(plcsim, 
         log2 = tmp_path / "sitsd2.log"
         proc = subprocess.Popen(sitsd_args(EXAMPLE_CONFIG, plc__endpoint=endpoint, transport__url=udp_url,
                                            attestation__tcti=swtpm.tcti, plc__security="none", model__artifact=model,
+                                           attestation__approval=vendor["approval"],
+                                           attestation__authority_key=vendor["pub"],
                                            audit__directory=tmp_path / "audit", control__socket=tmp_path / "c.sock"),
                                 stderr=open(log2, "wb"), cwd=REPO)
         wait_ready(proc, log2)
