@@ -41,6 +41,10 @@ class Signal(_Section):
     values: list[float] | None = Field(default=None, min_length=1, description="enum: the allowed values")
     mask: int | None = Field(default=None, ge=1, le=2**53 - 1, description="bits: the bits that may be set")
     max_rate: float | None = Field(default=None, gt=0, description="largest change per second")
+    rate_window_ms: float = Field(default=0.0, ge=0.0, le=60000.0,
+                                  description="measure max_rate against the last accepted value at least this old "
+                                  "(0: the previous frame); sensor noise dominates frame-to-frame changes at high "
+                                  "rates, so fast loops set a window of a few samples")
     on_invalid: Literal["failsafe", "hold_last", "drop"] = "failsafe"
 
     @model_validator(mode="after")

@@ -31,6 +31,18 @@ class ConstraintGate:
         self.hi = np.array([s.upper for s in signals])
         self.max_rate = np.array([s.max_rate if s.max_rate else np.inf for s in signals])
         self.has_rates = bool(np.isfinite(self.max_rate).any())
+        # Rates are measured against the newest accepted value that is at least rate_window_ms old
+        # (without a window: the previous accepted frame). Two references per signal make that O(1):
+        # `cand` is taken every window, `ref` is the `cand` before it, so one of them is always at
+        # least a window old (and at most about two windows).
+        self._window_ns = np.array([int(s.rate_window_ms * 1e6) for s in signals], dtype=np.int64)
+        self._cand_v, self._ref_v = np.zeros(n), np.zeros(n)
+        self._cand_t, self._ref_t = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        self._cand_set, self._ref_set = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+        self._use_v, self._dt = np.zeros(n), np.zeros(n)
+        self._has_windows = bool((self._window_ns > 0).any())  # else: the previous frame, the cheap way
+        self._age, self._use_t = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        self._cand_ok, self._ref_ok = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         # domains: integers (int, bool, bits, integral enums) checked as a vector; enums and masks per signal
         self._integral = np.array([i for i, s in enumerate(signals) if s.type in ("int", "bool", "bits")], dtype=np.intp)
         self._enums = [(i, frozenset(s.values)) for i, s in enumerate(signals) if s.type == "enum"]
@@ -94,11 +106,32 @@ class ConstraintGate:
                 break
         if first < n:
             return 2 * n + first
-        if self.has_rates and self._has_prev and timestamp_ns > self._prev_ns:
-            dt = (timestamp_ns - self._prev_ns) * 1e-9
+        if self.has_rates and self._has_prev and timestamp_ns > self._prev_ns and not self._has_windows:
+            self._dt.fill((timestamp_ns - self._prev_ns) * 1e-9)
+            self._use_v[:] = self._prev
             np.subtract(values, self._prev, out=self._scratch)
             np.abs(self._scratch, out=self._scratch)
-            too_fast = self._scratch > self.max_rate * dt
+            too_fast = self._scratch > self.max_rate * self._dt
+            if too_fast.any():
+                return 3 * n + int(np.argmax(too_fast))
+        elif self.has_rates and self._has_prev and timestamp_ns > self._prev_ns:
+            cand_ok, ref_ok = self._cand_ok, self._ref_ok  # preallocated: no per-frame allocation here
+            np.subtract(timestamp_ns, self._cand_t, out=self._age)
+            np.greater_equal(self._age, self._window_ns, out=cand_ok)
+            cand_ok &= self._cand_set
+            np.subtract(timestamp_ns, self._ref_t, out=self._age)
+            np.greater_equal(self._age, self._window_ns, out=ref_ok)
+            ref_ok &= self._ref_set
+            ref_ok |= cand_ok  # usable at all
+            np.copyto(self._use_v, self._ref_v)
+            np.copyto(self._use_v, self._cand_v, where=cand_ok)
+            np.copyto(self._use_t, self._ref_t)
+            np.copyto(self._use_t, self._cand_t, where=cand_ok)
+            np.subtract(timestamp_ns, self._use_t, out=self._dt, casting="unsafe")
+            self._dt *= 1e-9
+            np.subtract(values, self._use_v, out=self._scratch)
+            np.abs(self._scratch, out=self._scratch)
+            too_fast = ref_ok & (self._scratch > self.max_rate * self._dt)
             if too_fast.any():
                 return 3 * n + int(np.argmax(too_fast))
         if len(self.b_hi):
@@ -111,6 +144,17 @@ class ConstraintGate:
                     return 4 * n + int(np.argmax(over))
         self._prev[:] = values
         self._prev_ns = timestamp_ns
+        if self._has_windows:
+            promote = self._cand_ok
+            np.subtract(timestamp_ns, self._cand_t, out=self._age)
+            np.greater_equal(self._age, self._window_ns, out=promote)
+            promote |= ~self._cand_set
+            np.copyto(self._ref_v, self._cand_v, where=promote)
+            np.copyto(self._ref_t, self._cand_t, where=promote)
+            np.copyto(self._ref_set, self._cand_set, where=promote)
+            np.copyto(self._cand_v, values, where=promote)
+            np.copyto(self._cand_t, timestamp_ns, where=promote)
+            self._cand_set |= promote
         self._has_prev = True
         return -1
 
@@ -153,7 +197,8 @@ class ConstraintGate:
             allowed = {"enum": f"one of {s.values}", "bits": f"only bits of mask 0x{s.mask or 0:x}"}.get(
                 s.type, f"an integer ({s.type})")
             return f"{s.name}.{s.type}: {v:g} is not {allowed}"
-        return f"{name}: changed from {self._prev[i]:g} to {v:g} {s.unit}, limit {self.max_rate[i]:g} {s.unit}/s"
+        return (f"{name}: changed from {self._use_v[i]:g} to {v:g} {s.unit} in {self._dt[i] * 1e3:.3g} ms, "
+                f"limit {self.max_rate[i]:g} {s.unit}/s")
 
 
 def _holds(cond: Condition, values: dict[str, float]) -> bool:

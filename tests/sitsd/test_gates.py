@@ -251,3 +251,33 @@ class TestSafetyPolicies:
         assert s.wants_failsafe and "gap" in s.violation
         s.apply(np.array([np.nan, 1.0]), 3)
         assert s.wants_failsafe and "not finite" in s.violation
+
+
+class TestRateWindows:
+    """At high frame rates sensor noise alone exceeds a physical rate limit frame to frame; a rate
+    window measures the change against an accepted value at least that old instead."""
+
+    @staticmethod
+    def _run(window_ms: float, values, period_ns: int):
+        s = Signal(name="tension", unit="kN", min=60.0, max=180.0, max_rate=400.0, rate_window_ms=window_ms)
+        g = ConstraintGate([s], [])
+        return g, [g.check(np.array([v]), (k + 1) * period_ns) for k, v in enumerate(values)]
+
+    def test_noise_at_1khz_trips_frame_to_frame_but_not_over_20ms(self):
+        rng = np.random.default_rng(3)
+        noisy = 120.0 + 0.5 * rng.standard_normal(2000)  # 0.5 kN of noise, a steady process
+        _, plain = self._run(0.0, noisy, 1_000_000)
+        _, windowed = self._run(20.0, noisy, 1_000_000)
+        assert sum(r >= 0 for r in plain) > 500  # the per-frame check is dominated by noise
+        assert all(r < 0 for r in windowed)
+
+    def test_a_real_jump_is_still_caught_within_the_window(self):
+        values = [120.0] * 50 + [150.0] * 50  # +30 kN at once: 1500 kN/s even over 20 ms
+        g, results = self._run(20.0, values, 1_000_000)
+        first = next(k for k, r in enumerate(results) if r >= 0)
+        assert first == 50 and g.names[results[first]] == "tension.max_rate"
+        assert "changed from 120 to 150 kN in" in g.describe(results[first], np.array([150.0]))
+
+    def test_without_a_window_the_reference_is_the_previous_accepted_frame(self):
+        g, results = self._run(0.0, [120.0, 120.3, 120.6, 121.5], 1_000_000)  # 300, 300, 900 kN/s
+        assert [r >= 0 for r in results] == [False, False, False, True]
