@@ -118,13 +118,16 @@ class ControlLoop:
             try:
                 os.sched_setaffinity(0, {self.loop_cpu})
             except OSError as exc:
-                self.alerts.append((time.time_ns(), "runtime", f"cannot pin loop to CPU {self.loop_cpu}: {exc}", 0, 0))
+                self.alerts.append((time.time_ns(), "runtime", f"cannot pin loop to CPU {self.loop_cpu}: {exc} "
+                                    "(under sitsd.service the unit's CPUAffinity= applies: its syscall filter "
+                                    "keeps sched_setaffinity from the daemon)", 0, 0))
         if self.realtime_priority is not None:
             try:
                 os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(self.realtime_priority))
             except OSError as exc:
                 self.alerts.append((time.time_ns(), "runtime", f"SCHED_FIFO {self.realtime_priority} refused: {exc} "
-                                    "(the unit needs LimitRTPRIO= and RestrictRealtime=no)", 0, 0))
+                                    "(under sitsd.service the unit's CPUSchedulingPolicy=fifo applies to every "
+                                    "thread: its syscall filter keeps sched_setscheduler from the daemon)", 0, 0))
 
     def _run(self) -> None:
         try:

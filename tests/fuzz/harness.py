@@ -1,4 +1,6 @@
-"""Coverage-guided fuzzing (atheris/libFuzzer) of everything that parses outside input.
+"""Coverage-guided fuzzing (atheris/libFuzzer) of everything that parses outside input: UADP, configs,
+the constraint language, command envelopes, and the Groth16 proof, public-signal, verification-key
+and iden3 binary readers.
 
     python tests/fuzz/harness.py TARGET [libFuzzer flags] [CORPUS_DIR ...]
 
@@ -27,6 +29,8 @@ with atheris.instrument_imports():
     from pydantic import ValidationError
 
     from attestation.envelope import EnvelopeVerifier, decode as decode_envelope
+    from attestation.zk import ZkError, verify as zk_verify
+    from attestation.zk.formats import r1cs_file, snarkjs_json, wtns, zkey
     from attestation.errors import AttestationError
     from attestation.session import SessionCredential
     from plc.errors import UadpDecodeError
@@ -175,7 +179,43 @@ def fuzz_envelope(data: bytes) -> None:
         pass
 
 
-TARGETS = {"uadp": fuzz_uadp, "config": fuzz_config, "constraints": fuzz_constraints, "envelope": fuzz_envelope}
+# -- Groth16 proofs, public signals, verification keys (snarkjs JSON) and iden3 binary files --------
+
+def fuzz_zk_json(data: bytes) -> None:
+    """Bytes as JSON documents: a proof, public signals and a verification key, then a verification
+    of the three together (points must be on the curve and in the subgroup: a clear ZkError)."""
+    import json
+
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return
+    parts = doc if isinstance(doc, list) and len(doc) == 3 else [doc, doc, doc]
+    try:
+        proof = snarkjs_json.proof_from_json(parts[0])
+        public = snarkjs_json.public_from_json(parts[1])
+        vk = snarkjs_json.vk_from_json(parts[2])
+    except ZkError:
+        return
+    try:
+        result = zk_verify(vk, public, proof)
+    except ZkError:
+        return
+    if result is not False and result is not True:
+        raise Finding(f"verify returned {result!r}, not a bool")
+
+
+def fuzz_zk_bin(data: bytes) -> None:
+    """Bytes as .r1cs, .wtns and .zkey files: each reader either returns or raises ZkError."""
+    for reader in (r1cs_file.loads, wtns.loads, zkey.loads):
+        try:
+            reader(data)
+        except ZkError:
+            pass
+
+
+TARGETS = {"uadp": fuzz_uadp, "config": fuzz_config, "constraints": fuzz_constraints, "envelope": fuzz_envelope,
+           "zk_json": fuzz_zk_json, "zk_bin": fuzz_zk_bin}
 
 
 def main(argv: list[str]) -> None:

@@ -8,6 +8,7 @@ by hand with -max_total_time for a longer campaign.
 """
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ from ..conftest import REPO
 
 HARNESS = REPO / "tests" / "fuzz" / "harness.py"
 # inputs per target: enough for thousands of mutations of the seeds within CI time
-RUNS = {"uadp": 20000, "constraints": 6000, "envelope": 6000, "config": 400}
+RUNS = {"uadp": 20000, "constraints": 6000, "envelope": 6000, "config": 400, "zk_json": 300, "zk_bin": 3000}
 
 
 def _uadp_seeds() -> list[bytes]:
@@ -47,11 +48,35 @@ def _envelope_seeds() -> list[bytes]:
                                         bytes(32), seq % 2 == 0)) for seq in (1, 2)]
 
 
+def _zk_material():
+    """A 4-constraint circuit, its dev keys and one proof: the seeds of both zk targets."""
+    from attestation.zk import Builder, dev_setup, prove
+    from attestation.zk.formats import r1cs_file, snarkjs_json, wtns, zkey
+
+    b = Builder(outputs=["out"], public=["x"], private=["k"])
+    x, k = b.inputs
+    a = x
+    for _ in range(3):
+        a = b.mul(a, a + k)
+    b.set_output(0, a)
+    circuit = b.build()
+    witness = circuit.witness([3, 5])
+    pk = dev_setup(circuit.r1cs)
+    proof = prove(pk, witness)
+    public = witness[1:1 + pk.n_public]  # outputs first, then public inputs, as snarkjs orders them
+    docs = [snarkjs_json.proof_to_json(proof), snarkjs_json.public_to_json(public),
+            snarkjs_json.vk_to_json(pk.verifying_key())]
+    return ([json.dumps(docs).encode(), json.dumps(docs[2]).encode()],
+            [r1cs_file.dumps(circuit.r1cs), wtns.dumps(witness), zkey.dumps(pk)])
+
+
 SEEDS = {
     "uadp": _uadp_seeds,
     "config": lambda: [(REPO / "examples" / "rolling-mill.yaml").read_bytes()],
     "constraints": lambda: [bytes(range(256)), b"\x01" * 64],
     "envelope": _envelope_seeds,
+    "zk_json": lambda: _zk_material()[0],
+    "zk_bin": lambda: _zk_material()[1],
 }
 
 
