@@ -187,6 +187,11 @@ class AuditLog:
             self._last_sync = now
         return digest
 
+    @property
+    def head(self) -> str:
+        """The hash of the last record written (what the next one links to)."""
+        return self._prev
+
     def append(self, record: dict) -> str:
         with self._lock:
             digest = self._write_locked(record)

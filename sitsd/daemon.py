@@ -423,6 +423,8 @@ class Daemon:
             "recent_plc_events": [{"code": e.code, "severity": e.severity, "component": e.component, "text": e.text,
                                    "t_ns": e.timestamp_ns} for e in list(self.plc_events)[-5:]],
             "audit_file": str(self.audit.path) if self.audit else None,
+            # the live head of the hash chain: recorded elsewhere, it shows a cut of the newest records
+            "audit_head": {"records": self.audit.records, "hash": self.audit.head} if self.audit else None,
             "audit_backlog": len(self.audit_backlog), "audit_held": self.audit_held,
             # Groth16 proofs (sitsd/prover.py): counters, queue depth, worker PIDs; None when proof.policy is off
             "proofs": self.prover.status() if getattr(self, "prover", None) is not None else None,

@@ -65,6 +65,8 @@ def test_viewers_read_operators_change(plcsim, tmp_path, operators_group):
         os.chmod(control, 0o666)  # let an unprivileged user reach the socket; roles decide the rest
         viewer_status = _as_user(control, "status", NOBODY, NOBODY)
         assert viewer_status.get("state") == "running"
+        head = viewer_status["audit_head"]  # what monitoring records to catch a cut of the newest records
+        assert head["records"] >= 1 and len(head["hash"]) == 64
         refused = _as_user(control, "reload", NOBODY, NOBODY)
         assert "needs the operator role" in refused["error"] and f"not in group {group}" in refused["error"]
         allowed = _as_user(control, "reload", NOBODY, gid)  # same user, now in the operators' group
@@ -74,6 +76,8 @@ def test_viewers_read_operators_change(plcsim, tmp_path, operators_group):
         proc.send_signal(signal.SIGTERM)
         proc.wait(20)
         shutil.rmtree(reachable, ignore_errors=True)
+    written = "".join(f.read_text() for f in audit.glob("commands-*.jsonl"))
+    assert f'"hash":"{head["hash"]}"' in written  # the head was a real record of the chain
     log = (tmp_path / "log").read_text()
     assert '"command": "reload"' in log and f"uid {NOBODY}" in log  # who changed what is in the journal
 
