@@ -166,6 +166,88 @@ def eliminate_dead_code(model: ModelProto) -> tuple[ModelProto, dict]:
     return model, {"removed_nodes": removed_nodes, "removed_initializers": removed_inits}
 
 
+_AFFINE_OPS = {"Sub", "Add", "Mul", "Div"}
+
+
+def fuse_input_affine_into_gemm(model: ModelProto) -> tuple[ModelProto, dict]:
+    """A chain of per-feature Sub/Add/Mul/Div by constants that feeds a Gemm (input normalisation:
+    `(x - mean) / std`) folded into that Gemm's weights and bias: `(a*x + c) @ W + b` is
+    `x @ (a[:, None] * W) + (c @ W + b)`. onnxruntime does not fuse elementwise ops *into* a following
+    Gemm, so each frame pays for two full-width elementwise kernels that are pure constants here.
+    Only chains whose intermediate results feed nothing else, with scalar or [features] constants,
+    and Gemms with alpha = beta = 1, transA = 0 and constant B (and C) are fused."""
+    model = _copy(model)
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    consumers: dict[str, int] = {}
+    for node in g.node:
+        for i in node.input:
+            consumers[i] = consumers.get(i, 0) + 1
+    for o in g.output:
+        consumers[o.name] = consumers.get(o.name, 0) + 1
+    producer = {o: node for node in g.node for o in node.output}
+    names = Names(g)
+    fused, removed = [], set()
+    new_inits = []
+    for gemm in g.node:
+        if gemm.op_type != "Gemm" or gemm.domain not in _DEFAULT:
+            continue
+        a_ = attrs(gemm)
+        if (float(a_.get("alpha", 1.0)) != 1.0 or float(a_.get("beta", 1.0)) != 1.0 or int(a_.get("transA", 0))
+                or gemm.input[1] not in inits or (len(gemm.input) > 2 and gemm.input[2] and gemm.input[2] not in inits)):
+            continue
+        w = numpy_helper.to_array(inits[gemm.input[1]]).astype(np.float64)
+        if w.ndim != 2:
+            continue
+        w_kn = w.T if int(a_.get("transB", 0)) else w  # [in, out]
+        features = w_kn.shape[0]
+        chain, x = [], gemm.input[0]
+        while x in producer and producer[x].op_type in _AFFINE_OPS and producer[x].domain in _DEFAULT \
+                and consumers.get(x, 0) == 1:
+            node = producer[x]
+            const = [i for i in node.input[1:2] if i in inits]
+            if len(node.input) != 2 or not const or node.input[0] in inits:
+                break
+            k = numpy_helper.to_array(inits[const[0]]).astype(np.float64).reshape(-1)
+            if k.size not in (1, features):
+                break
+            chain.append((node.op_type, k, node))
+            x = node.input[0]
+        if not chain:
+            continue
+        scale, shift = np.ones(features), np.zeros(features)
+        for op, k, _ in reversed(chain):  # innermost (closest to the input) first
+            if op == "Sub":
+                shift = shift - k
+            elif op == "Add":
+                shift = shift + k
+            elif op == "Mul":
+                scale, shift = scale * k, shift * k
+            else:
+                if np.any(k == 0):
+                    break
+                scale, shift = scale / k, shift / k
+        else:
+            bias = numpy_helper.to_array(inits[gemm.input[2]]).astype(np.float64) if len(gemm.input) > 2 \
+                and gemm.input[2] else np.zeros(w_kn.shape[1])
+            w_new = scale[:, None] * w_kn
+            b_new = shift @ w_kn + bias
+            dtype = numpy_helper.to_array(inits[gemm.input[1]]).dtype
+            w_name, b_name = names.fresh(f"{gemm.input[1]}.affine"), names.fresh(f"{gemm.name or 'gemm'}.affine_bias")
+            new_inits += [numpy_helper.from_array(w_new.T.astype(dtype) if int(a_.get("transB", 0))
+                                                  else w_new.astype(dtype), w_name),
+                          numpy_helper.from_array(b_new.astype(dtype), b_name)]
+            del gemm.input[:]
+            gemm.input.extend([x, w_name, b_name])
+            removed.update(node.output[0] for _, _, node in chain)
+            fused.append(f"{'/'.join(op for op, _, _ in reversed(chain))} -> Gemm {gemm.name or gemm.output[0]}")
+    keep = [n for n in g.node if not n.output or n.output[0] not in removed]
+    del g.node[:]
+    g.node.extend(keep)
+    g.initializer.extend(new_inits)
+    return model, {"fused": fused}
+
+
 def upgrade_opset(model: ModelProto, version: int) -> tuple[ModelProto, dict]:
     """The default-domain opset raised to `version` (onnx version converter), IR version to match."""
     old = _default_opset(model)

@@ -296,3 +296,52 @@ def test_pipeline_picks_e5m2_where_small_weights_carry_signal(tmp_path):
     assert layer["format"] == "float8e5m2" and layer["nodes"] == ["wide"]
     assert read_container(tmp_path / "art" / CONTAINER_FILE)["W.float8e5m2"].dtype == ml_dtypes.float8_e5m2
     assert manifest.accuracy["held_out"]["max_abs_error"] < 0.2 * manifest.accuracy["held_out"]["reference_abs_max"]
+
+
+def _affine_gemm_model(trans_b: int, ops: list[tuple[str, object]], branch: bool = False):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    nodes, inits, x = [], [], "x"
+    for k, (op, value) in enumerate(ops):
+        const = f"k{k}"
+        inits.append(numpy_helper.from_array(np.asarray(value, dtype=np.float32), const))
+        nodes.append(helper.make_node(op, [x, const], [f"t{k}"]))
+        x = f"t{k}"
+    w = rng.normal(size=(3, 5) if trans_b else (5, 3)).astype(np.float32)
+    inits += [numpy_helper.from_array(w, "W"), numpy_helper.from_array(rng.normal(size=3).astype(np.float32), "b")]
+    nodes.append(helper.make_node("Gemm", [x, "W", "b"], ["y"], transB=trans_b))
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])]
+    if branch:  # the normalised input is also a graph output: the chain must stay
+        outputs.append(helper.make_tensor_value_info(x, TensorProto.FLOAT, ["n", 5]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 5])],
+                              outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+@pytest.mark.parametrize("ops", [
+    [("Sub", [1.0, 2.0, 3.0, 4.0, 5.0]), ("Div", [2.0, 4.0, 0.5, 1.0, 8.0])],  # (x - mean) / std
+    [("Mul", 3.0), ("Add", [0.5, -1.0, 2.0, 0.0, 1.0]), ("Div", 2.0), ("Sub", 0.25)],
+])
+def test_input_affine_chain_is_fused_into_the_gemm_with_the_same_outputs(trans_b, ops):
+    import onnxruntime as ort
+
+    from ep.compile.passes import fuse_input_affine_into_gemm
+
+    model = _affine_gemm_model(trans_b, ops)
+    fused, entry = fuse_input_affine_into_gemm(model)
+    assert [n.op_type for n in fused.graph.node] == ["Gemm"] and len(entry["fused"]) == 1
+    x = np.random.default_rng(1).normal(size=(64, 5)).astype(np.float32) * 10
+    run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(  # noqa: E731
+        None, {"x": x})[0]
+    np.testing.assert_allclose(run(fused), run(model), rtol=1e-5, atol=1e-5)
+
+
+def test_a_chain_whose_result_is_used_elsewhere_is_left_alone():
+    from ep.compile.passes import fuse_input_affine_into_gemm
+
+    model = _affine_gemm_model(0, [("Sub", [1.0] * 5), ("Div", [2.0] * 5)], branch=True)
+    fused, entry = fuse_input_affine_into_gemm(model)
+    assert entry["fused"] == [] and [n.op_type for n in fused.graph.node] == ["Sub", "Div", "Gemm"]

@@ -19,6 +19,10 @@ def test_recipe_compiles_once_into_the_cache_and_the_artifact_loads(tmp_path):
     # FP32 weights in the verified container: FP8 costs this 3 kB model accuracy and saves nothing
     assert manifest.quantization == "none" and manifest.data["kv_cache_policy"] == "none"
     assert manifest.data["source"]["sha256"] == sha256_file(DEMO_MODEL).hex()
+    # FP32 weights: the input normalisation (Sub, Div) is fused into the first Gemm
+    fusion = next(p for p in manifest.data["passes"] if p["pass"] == "fuse_input_affine_into_gemm")
+    assert fusion["fused"] == ["Sub/Div -> Gemm /net/net.0/Gemm"] and fusion["ops_after"] == fusion["ops_before"] - 2
+    assert manifest.data["accuracy"]["max_abs_error"] < 1e-5
     runner = ModelRunner(artifact, len(cfg.model.inputs), len(cfg.model.outputs))
     assert runner.sha256.hex() == manifest.artifact_sha256 and not runner.ep.fp8_folded
     stamp = (artifact / "manifest.json").stat().st_mtime_ns
