@@ -25,6 +25,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--check", action="store_true", help="validate the config and exit")
     ap.add_argument("--syslog-prefix", action="store_true",
                     help="prefix log lines with <N> for journald (the unit file sets this)")
+    ap.add_argument("--log-target", choices=("auto", "journal", "stderr"), default="auto",
+                    help="journal: structured entries to journald's native socket (PRIORITY, MESSAGE and one "
+                    "SITS_* field per event field); stderr: JSON lines; auto (default): journal when "
+                    "systemd connected stderr to the journal (JOURNAL_STREAM), else stderr")
     return ap
 
 
@@ -42,7 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print(f"{args.config}: OK")
         return 0
-    configure(cfg.logging.level, sys.stderr, syslog_prefix=args.syslog_prefix)
+    from .log import journal_available
+
+    journal = args.log_target == "journal" or (args.log_target == "auto" and journal_available())
+    configure(cfg.logging.level, sys.stderr, syslog_prefix=args.syslog_prefix, journal=journal)
     overrides = parse_overrides(args.set)
     daemon = Daemon(cfg, config_path=args.config, config_overrides=overrides)
 
