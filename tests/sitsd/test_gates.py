@@ -281,3 +281,34 @@ class TestRateWindows:
     def test_without_a_window_the_reference_is_the_previous_accepted_frame(self):
         g, results = self._run(0.0, [120.0, 120.3, 120.6, 121.5], 1_000_000)  # 300, 300, 900 kN/s
         assert [r >= 0 for r in results] == [False, False, False, True]
+
+
+class TestWrongUnits:
+    """A publisher sending a signal in another unit than the config declares (µm for mm, N for kN,
+    mm/min for m/s) is caught by the example line's own rules, and the alert names the rule."""
+
+    @staticmethod
+    def _line():
+        from sitsd.config import load_config
+
+        from ..conftest import EXAMPLE_CONFIG
+
+        cfg = load_config(EXAMPLE_CONFIG)
+        return cfg, ConstraintGate(cfg.signals, cfg.constraints)
+
+    OK = [4.0, 3.0, 2.4, 9000.0, 120.0, 2.5, 2.0]
+
+    @pytest.mark.parametrize("index, factor, rule", [
+        (0, 1000.0, "entry_thickness.range"),   # µm sent where the config says mm
+        (3, 1000.0, "rolling_force.range"),     # N where kN
+        (5, 60000.0, "strip_speed.range"),      # mm/min where m/s
+        (1, 0.001, "exit_thickness.range"),     # m where mm
+    ])
+    def test_a_signal_in_the_wrong_unit_is_rejected_by_name(self, index, factor, rule):
+        cfg, gate = self._line()
+        assert gate.check(np.array(self.OK), 1_000_000_000) == -1
+        frame = np.array(self.OK)
+        frame[index] *= factor
+        got = gate.check(frame, 1_010_000_000)
+        assert got >= 0 and gate.names[got] == rule
+        assert cfg.signals[index].unit in gate.describe(got, frame)  # the alert says which unit is expected
