@@ -193,8 +193,9 @@ def _scan_diagnostic_info(data: bytes, p: int, end: int) -> int:
         raise UadpDecodeError(f"DiagnosticInfo EncodingMask 0x{mask:02x} sets reserved bit 7", at)
     if mask & 0x40:  # asyncua 2.1.0 reads InnerDiagnosticInfo as an ExtensionObject, not per Part 6
         raise UadpDecodeError("DiagnosticInfo with InnerDiagnosticInfo is not supported", at)
-    p += 1 + 4 * bin(mask & 0x0F).count("1")
-    _need(0, p, end, "DiagnosticInfo")
+    fixed = 1 + 4 * bin(mask & 0x0F).count("1")  # the mask, then one Int32 per index bit
+    _need(fixed, at, end, "DiagnosticInfo")  # checked before moving: the error names a byte inside the message
+    p += fixed
     if mask & 0x10:
         p += 4 + max(_length(data, p, end, "DiagnosticInfo AdditionalInfo"), 0)
     if mask & 0x20:

@@ -492,3 +492,15 @@ def test_fuzz_only_uadp_decode_errors(capsys):
         print(f"\nfuzz: 100000 inputs, {accepted} accepted, {rejected} rejected, "
               f"{time.perf_counter() - t_start:.1f} s, slowest call {worst * 1e3:.2f} ms")
     assert accepted > 1000 and rejected > 50_000  # the mutations reach deep into valid structure
+
+
+def test_a_truncated_diagnostic_info_names_a_byte_inside_the_message():
+    """Found by the atheris UADP target: the index fields of a DiagnosticInfo were skipped before the
+    bounds check, so the error named byte 28 of a 25-byte message."""
+    import base64
+
+    data = base64.b64decode("EQcBAwALAAEAAAAA+D8ZBz8LKv7AWBwAAA==")
+    with pytest.raises(UadpDecodeError) as exc:
+        decode(data)
+    assert 0 <= exc.value.offset <= len(data)
+    assert "truncated DiagnosticInfo: needs 13 bytes, 10 left" in str(exc.value)
