@@ -126,7 +126,7 @@ def fuzz_constraints(data: bytes) -> None:
         if set(rule.coefficients) <= known and all(c.signal in known for c in rule.conditions):
             rules.append(rule)
     gate = ConstraintGate(signals, rules)
-    prev = None
+    prev, prev_t = None, 0  # the last accepted frame: rates are measured from it, not from a rejected one
     t_ns = 1_000_000_000
     for _ in range(fdp.ConsumeIntInRange(1, 3)):
         values = [fdp.PickValueInList([math.nan, math.inf, -math.inf]) if fdp.ConsumeProbability() < 0.05
@@ -136,7 +136,7 @@ def fuzz_constraints(data: bytes) -> None:
         got = gate.check(np.array(values, dtype=float), t_ns)
         if not -1 <= got < len(gate.names):
             raise Finding(f"checker returned index {got} for {len(gate.names)} rules")
-        want = evaluate_directly(signals, rules, values, prev, dt_ns * 1e-9 if prev is not None else None)
+        want = evaluate_directly(signals, rules, values, prev, (t_ns - prev_t) * 1e-9 if prev is not None else None)
         name = None if got < 0 else gate.names[got]
         if name != want:
             raise Finding(f"compiled checker says {name!r}, the rules read plainly say {want!r} "
@@ -144,7 +144,7 @@ def fuzz_constraints(data: bytes) -> None:
         if got >= 0:
             gate.describe(got, np.array(values, dtype=float))  # the alert text must render too
         else:
-            prev = values
+            prev, prev_t = values, t_ns
 
 
 # -- command envelopes and session credentials ---------------------------------------------------
