@@ -15,49 +15,51 @@ def _sha(path: Path, kind: str) -> str | None:
     return None
 
 
-def _cmd_sign(args) -> int:
-    from attestation.signatures import SignatureError, kind_of, sign, write
-    from attestation.tpm.policy import PolicyError, load_authority_private
+def _for_each_file(args, prog: str, load_key, key_path: Path, act, error_status: int, error_prefix) -> int:
+    """Load the key once, then run `act(key, path, kind)` on every file; a failing file is reported
+    (`error_prefix(path)`) and the others still run. Exit status: 0, `error_status`, or 2 for the key."""
+    from attestation.signatures import SignatureError, kind_of
+    from attestation.tpm.policy import PolicyError
 
     try:
-        key = load_authority_private(args.authority_key)
+        key = load_key(key_path)
     except PolicyError as exc:
-        print(f"sitsctl sign: {exc}", file=sys.stderr)
+        print(f"sitsctl {prog}: {exc}", file=sys.stderr)
         return 2
     status = 0
     for path in args.files:
         try:
             kind = args.kind or kind_of(path)
-            sig = sign(key, path, kind, _sha(path, kind))
-            out = write(sig, path)
+            print(act(key, path, kind))
         except (SignatureError, OSError) as exc:
-            print(f"sitsctl sign: {exc}", file=sys.stderr)
-            status = 2
-            continue
-        print(f"signed {kind} {path} sha256 {sig.sha256} by authority {sig.authority_id[:16]}…: {out}")
+            print(f"{error_prefix(path)}{exc}", file=sys.stderr)
+            status = error_status
     return status
+
+
+def _cmd_sign(args) -> int:
+    from attestation.signatures import sign, write
+    from attestation.tpm.policy import load_authority_private
+
+    def act(key, path, kind) -> str:
+        sig = sign(key, path, kind, _sha(path, kind))
+        out = write(sig, path)
+        return f"signed {kind} {path} sha256 {sig.sha256} by authority {sig.authority_id[:16]}…: {out}"
+
+    return _for_each_file(args, "sign", load_authority_private, args.authority_key, act, 2,
+                          lambda _path: "sitsctl sign: ")
 
 
 def _cmd_verify(args) -> int:
-    from attestation.signatures import SignatureError, kind_of, verify
-    from attestation.tpm.policy import PolicyError, load_authority_public
+    from attestation.signatures import verify
+    from attestation.tpm.policy import load_authority_public
 
-    try:
-        key = load_authority_public(args.authority_pub)
-    except PolicyError as exc:
-        print(f"sitsctl verify-signature: {exc}", file=sys.stderr)
-        return 2
-    status = 0
-    for path in args.files:
-        try:
-            kind = args.kind or kind_of(path)
-            sig = verify(key, path, kind, _sha(path, kind))
-        except (SignatureError, OSError) as exc:
-            print(f"INVALID {path}: {exc}", file=sys.stderr)
-            status = 1
-            continue
-        print(f"OK {kind} {path} sha256 {sig.sha256} signed by authority {sig.authority_id[:16]}…")
-    return status
+    def act(key, path, kind) -> str:
+        sig = verify(key, path, kind, _sha(path, kind))
+        return f"OK {kind} {path} sha256 {sig.sha256} signed by authority {sig.authority_id[:16]}…"
+
+    return _for_each_file(args, "verify-signature", load_authority_public, args.authority_pub, act, 1,
+                          lambda path: f"INVALID {path}: ")
 
 
 def register(sub) -> None:

@@ -12,15 +12,18 @@ from ..conftest import EXAMPLE_CONFIG, REPO
 
 JOURNALD = Path("/lib/systemd/systemd-journald")
 
-SCRIPT = """
+# a private journald: tmpfs over its runtime directories, then wait for its sockets
+JOURNALD_UP = """
 set -e
 mount -t tmpfs tmpfs /run/systemd
 mount -t tmpfs tmpfs /run/log
 mkdir -p /run/systemd/journal
 {journald} &
 JPID=$!
-for i in $(seq 200); do [ -S /run/systemd/journal/stdout ] && break; sleep 0.05; done
-systemd-cat --level-prefix=true -t sitsd {python} -m sitsd --config {config} --syslog-prefix \\
+for i in $(seq 200); do [ -S /run/systemd/journal/stdout ] && [ -S /run/systemd/journal/socket ] && break; sleep 0.05; done
+"""
+
+SCRIPT = JOURNALD_UP + """systemd-cat --level-prefix=true -t sitsd {python} -m sitsd --config {config} --syslog-prefix \\
     --set attestation.mode=software --set plc.security=none --set plc.timeout_s=1 \\
     --set plc.endpoint=opc.tcp://127.0.0.1:9/none --set audit.directory={tmp}/audit \\
     --set control.socket={tmp}/c.sock --set metrics.port=0 || true
@@ -50,15 +53,7 @@ def test_priorities_and_json_messages_in_a_real_journal(tmp_path):
     assert "cannot connect to the PLC at opc.tcp://127.0.0.1:9/none" in failed["error"]
 
 
-NATIVE = """
-set -e
-mount -t tmpfs tmpfs /run/systemd
-mount -t tmpfs tmpfs /run/log
-mkdir -p /run/systemd/journal
-{journald} &
-JPID=$!
-for i in $(seq 200); do [ -S /run/systemd/journal/socket ] && break; sleep 0.05; done
-{python} -m sitsd --config {config} --log-target journal \\
+NATIVE = JOURNALD_UP + """{python} -m sitsd --config {config} --log-target journal \\
     --set attestation.mode=software --set plc.security=none --set plc.timeout_s=1 \\
     --set plc.endpoint=opc.tcp://127.0.0.1:9/none --set audit.directory={tmp}/audit \\
     --set control.socket={tmp}/c.sock --set metrics.port=0 2>{tmp}/stderr || true
