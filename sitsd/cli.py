@@ -252,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_cmd_demo)
 
     status = sub.add_parser("status", help="ask a running sitsd for uptime, model, signer, counters, latency")
-    status.add_argument("--config", type=Path, default=Path("/etc/sitsd/sitsd.yaml"),
+    status.add_argument("--config", type=Path, default=Path("/etc/sits2026/sitsd.yaml"),
                         help="the daemon's config, to find its control socket")
     status.add_argument("--socket", default=None, help="control socket path (instead of --config)")
     status.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
@@ -264,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "reordered or truncated record (exit 1 if any file fails). show: the records, readably.")
     au.add_argument("action", choices=("verify", "show"))
     au.add_argument("path", nargs="?", type=Path, help="an audit directory or file (default: audit.directory)")
-    au.add_argument("--config", type=Path, default=Path("/etc/sitsd/sitsd.yaml"))
+    au.add_argument("--config", type=Path, default=Path("/etc/sits2026/sitsd.yaml"))
     au.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
     au.add_argument("--last", type=int, default=None, help="show: only the last N records of each file")
     au.set_defaults(func=_cmd_audit)
@@ -272,13 +272,13 @@ def build_parser() -> argparse.ArgumentParser:
     rl = sub.add_parser("reload", help="re-read the running daemon's config and apply what can change live",
                         description="Constraints, signal limits, timing and safety limits change between two "
                         "frames; PLC, transport, model and attestation changes need a restart and are refused.")
-    rl.add_argument("--config", type=Path, default=Path("/etc/sitsd/sitsd.yaml"))
+    rl.add_argument("--config", type=Path, default=Path("/etc/sits2026/sitsd.yaml"))
     rl.add_argument("--socket", default=None, help="control socket path (instead of --config)")
     rl.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
     rl.set_defaults(func=_cmd_reload)
 
     top = sub.add_parser("top", help="live view of a running sitsd: rates, drops, latency, stages, alerts")
-    top.add_argument("--config", type=Path, default=Path("/etc/sitsd/sitsd.yaml"),
+    top.add_argument("--config", type=Path, default=Path("/etc/sits2026/sitsd.yaml"),
                      help="the daemon's config, to find its control socket")
     top.add_argument("--socket", default=None, help="control socket path (instead of --config)")
     top.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")

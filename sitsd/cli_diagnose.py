@@ -37,7 +37,7 @@ def register(sub) -> None:
     dg.add_argument("--events", type=Path, default=None, help="diagnose this events dump instead of a running sitsd")
     dg.add_argument("--dump", type=Path, default=None, help="also save the events and signals read from the daemon")
     dg.add_argument("--fmea", type=Path, default=DEFAULT_FMEA, help="FMEA knowledge graph (default: the demo line's)")
-    dg.add_argument("--config", type=Path, default=Path("/etc/sitsd/sitsd.yaml"),
+    dg.add_argument("--config", type=Path, default=Path("/etc/sits2026/sitsd.yaml"),
                     help="the daemon's config: its control socket and model (for the replay check)")
     dg.add_argument("--socket", default=None, help="control socket path (instead of --config)")
     dg.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")

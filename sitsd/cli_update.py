@@ -110,7 +110,7 @@ def register(sub) -> None:
             ("rollback", "swap back to the version that ran before the last update (kept loaded)", _cmd_rollback),
             ("versions", "the running stage set, per-version frame counters and the recent swaps", _cmd_versions)):
         p = sub.add_parser(name, help=help_text, description=help_text + ". See docs/hotswap.md.")
-        p.add_argument("--daemon-config", type=Path, default=Path("/etc/sitsd/sitsd.yaml"),
+        p.add_argument("--daemon-config", type=Path, default=Path("/etc/sits2026/sitsd.yaml"),
                        help="the running daemon's config, to find its control socket")
         p.add_argument("--socket", default=None, help="control socket path (instead of --daemon-config)")
         p.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a field of --daemon-config")

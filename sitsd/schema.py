@@ -224,7 +224,7 @@ class PlcSection(_Section):
     diagnostic_node: str | None = Field(default=None, description="latest diagnostic text, parsed by the profile")
     security: Literal["none", "sign", "sign-and-encrypt"] = Field(
         default="sign-and-encrypt", description="Basic256Sha256 message security of the OPC UA session")
-    pki_dir: Path = Field(default=Path("/etc/sitsd/pki"),
+    pki_dir: Path = Field(default=Path("/etc/sits2026/pki"),
                           description="own/cert.der, own/private/key.pem, trusted/certs, rejected/certs")
     application_uri: str = Field(default="urn:sits2026:sitsd", min_length=1)
     timeout_s: float = Field(default=4.0, gt=0)

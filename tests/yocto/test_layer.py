@@ -55,7 +55,7 @@ def test_sits2026_recipe_installs_files_that_exist():
 
 def test_the_installed_config_loads_with_the_installed_files(tmp_path):
     """Replays the sits2026 recipe's do_install (install -d/-m and its sed) into a fake root, then
-    loads /etc/sitsd/sitsd.yaml there: every path the config names must exist where it was installed."""
+    loads /etc/sits2026/sitsd.yaml there: every path the config names must exist where it was installed."""
     import shlex
     import shutil
 
@@ -91,7 +91,7 @@ def test_the_installed_config_loads_with_the_installed_files(tmp_path):
                 assert old in content, f"the recipe's sed expects {old!r} in the example config"
                 content = content.replace(old, new.replace("/usr/share", str(root / "usr/share")))
             target.write_text(content)
-    cfg = load_config(root / "etc/sitsd/sitsd.yaml")
+    cfg = load_config(root / "etc/sits2026/sitsd.yaml")
     assert str(cfg.model.artifact).startswith(str(root / "usr/share/sits2026"))
     assert cfg.modules and all(str(m.path).startswith(str(root / "usr/share/sits2026")) for m in cfg.modules)
     assert cfg.attestation.approval and cfg.attestation.approval.is_file()

@@ -26,26 +26,26 @@ SYSTEMD_SERVICE:${PN} = "sitsd.service"
 SYSTEMD_AUTO_ENABLE:${PN} = "enable"
 
 do_install:append() {
-    install -d ${D}${systemd_system_unitdir} ${D}${sysconfdir}/sitsd ${D}${nonarch_libdir}/tmpfiles.d ${D}${nonarch_libdir}/sysusers.d
+    install -d ${D}${systemd_system_unitdir} ${D}${sysconfdir}/sits2026 ${D}${nonarch_libdir}/tmpfiles.d ${D}${nonarch_libdir}/sysusers.d
     install -m 0644 ${S}/systemd/sitsd.service ${D}${systemd_system_unitdir}/sitsd.service
     install -m 0644 ${S}/systemd/sitsd.tmpfiles ${D}${nonarch_libdir}/tmpfiles.d/sitsd.conf
     install -m 0644 ${S}/systemd/sitsd.sysusers ${D}${nonarch_libdir}/sysusers.d/sitsd.conf
-    install -m 0640 ${S}/examples/rolling-mill.yaml ${D}${sysconfdir}/sitsd/sitsd.yaml
-    install -d ${D}${datadir}/sits2026/models ${D}${datadir}/sits2026/wasm_modules ${D}${sysconfdir}/sitsd/approval
+    install -m 0640 ${S}/examples/rolling-mill.yaml ${D}${sysconfdir}/sits2026/sitsd.yaml
+    install -d ${D}${datadir}/sits2026/models ${D}${datadir}/sits2026/wasm_modules ${D}${sysconfdir}/sits2026/approval
     install -m 0644 ${S}/examples/models/rolling_mill.onnx ${D}${datadir}/sits2026/models/rolling_mill.onnx
     install -m 0644 ${S}/wasm_modules/pre_filter.wat ${S}/wasm_modules/pre_filter.golden.json \
         ${S}/wasm_modules/post_command.wat ${S}/wasm_modules/post_command.golden.json \
         ${D}${datadir}/sits2026/wasm_modules/
     install -m 0644 ${S}/examples/approval/rolling-mill.approval.json ${S}/examples/approval/authority.pub.pem \
-        ${D}${sysconfdir}/sitsd/approval/
+        ${D}${sysconfdir}/sits2026/approval/
     sed -i -e 's#artifact: models/rolling_mill.onnx#artifact: ${datadir}/sits2026/models/rolling_mill.onnx#' \
         -e 's#path: ../wasm_modules/#path: ${datadir}/sits2026/wasm_modules/#' \
-        ${D}${sysconfdir}/sitsd/sitsd.yaml
+        ${D}${sysconfdir}/sits2026/sitsd.yaml
 }
 
 FILES:${PN} += "${nonarch_libdir}/tmpfiles.d ${nonarch_libdir}/sysusers.d"
-CONFFILES:${PN} = "${sysconfdir}/sitsd/sitsd.yaml ${sysconfdir}/sitsd/approval/rolling-mill.approval.json \
-                   ${sysconfdir}/sitsd/approval/authority.pub.pem"
+CONFFILES:${PN} = "${sysconfdir}/sits2026/sitsd.yaml ${sysconfdir}/sits2026/approval/rolling-mill.approval.json \
+                   ${sysconfdir}/sits2026/approval/authority.pub.pem"
 
 # onnxruntime has no recipe in the mainstream layers: use a vendor ML layer (e.g. meta-imx-ml) or your own.
 RDEPENDS:${PN} = "\
