@@ -15,10 +15,9 @@ from .errors import StartupError
 def config_events(cfg, config_path: Path) -> list[tuple[str, str, str]]:
     """[(kind, name, sha256 hex)] for the model, modules (pre, post) and the config file, in measuring order.
     Raises ep's ModelLoadError for a model that does not load or verify, WasmError for a module."""
-    from ep.artifact import resolve_model
+    from .model import model_event
 
-    _, digest, _ = resolve_model(cfg.model.artifact)  # an artifact directory is verified file by file
-    events = [("model", Path(cfg.model.artifact).name, digest.hex())]
+    events = [("model", *model_event(cfg))]  # an artifact directory is verified file by file
     for stage in ("pre", "post"):
         for m in cfg.modules:
             if m.stage == stage:

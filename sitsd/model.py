@@ -70,6 +70,20 @@ def model_sha256(cfg: Config) -> str:
     return resolve_model(cfg.model.artifact)[1].hex()
 
 
+def model_event(cfg: Config) -> tuple[str, str]:
+    """(name, sha256 hex) of the configured model as the measurement log records it: the artifact's (or
+    .onnx file's) name and its verified hash; for a streaming model built from its seed, the runner's name
+    `streaming-transformer-seed<N>` and the hash of the built graph. Raises ModelLoadError (ep) for an
+    artifact that does not load or verify."""
+    if cfg.model.kind == "streaming" and cfg.model.artifact is None:
+        from ep.streaming.runner import StreamingRunner
+
+        return StreamingRunner.name_for_seed(cfg.model.stream.seed), model_sha256(cfg)
+    from ep.artifact import resolve_model
+
+    return Path(cfg.model.artifact).name, resolve_model(cfg.model.artifact)[1].hex()
+
+
 def build_model(cfg: Config):
     """The runner the loop calls (`input`, `run()`, `output`, `sha256`, `path`); ModelLoadError says why not."""
     m = cfg.model

@@ -36,7 +36,7 @@ class StreamingRunner:
         self.manifest = None
         self.ep = self.pool.ep
         # what the loop and the measurement log call this model: no file, the graph is built from the seed
-        self.path = Path(f"streaming-transformer-seed{seed}")
+        self.path = Path(self.name_for_seed(seed))
         self.input = self.pool.frame[0]      # [1, n_inputs], written in place by the caller
         self.output = self.pool.action[0]    # [1, n_outputs]
         self.recovered = {"stream": stream, "position": self.position,
@@ -48,6 +48,11 @@ class StreamingRunner:
         self.kv_policy = {"policy": "tiered" if config.archive else "window", "window": config.window,
                           "page_tokens": config.page_tokens, "warm_codec": config.page_format,
                           "warm_pages": config.warm_pages, "cold_slots": config.ring_pages}
+
+    @staticmethod
+    def name_for_seed(seed: int) -> str:
+        """The name a seed-built model goes by in the loop and the measurement log."""
+        return f"streaming-transformer-seed{seed}"
 
     @classmethod
     def from_artifact(cls, artifact: str | Path, state_dir: str | Path, n_inputs: int, n_outputs: int, *,

@@ -446,3 +446,41 @@ def test_no_dictionary_attack_lockout_across_five_unclean_restarts(tmp_path, ven
     finally:
         sw.stop()
         shutil.rmtree(state, ignore_errors=True)
+
+
+STREAMING_CONFIG = REPO / "examples" / "rolling-mill-streaming.yaml"
+
+
+def test_streaming_config_is_approved_deployed_and_verified_on_boot(swtpm, tmp_path, capsys):
+    """model.kind streaming (built from its seed, no artifact file): `sitsctl policy approve` and `sitsctl deploy`
+    measure the built graph's SHA-256 under the runner's name; sitsd's verify-on-boot accepts that deployment and
+    refuses the same config with another seed (other weights)."""
+    from sitsd.cli import main
+    from sitsd.config import load_config
+    from sitsd.model import model_sha256
+
+    auth = tmp_path / "authority"
+    approval = tmp_path / "stream.approval.json"
+    assert main(["policy", "keygen", "--output", str(auth)]) == 0
+    assert main(["policy", "approve", "--authority-key", str(auth / "authority.key.pem"), "--config",
+                 str(STREAMING_CONFIG), "--output", str(approval)]) == 0
+    capsys.readouterr()
+    sha = model_sha256(load_config(STREAMING_CONFIG))
+    assert json.loads(approval.read_text())["model_sha256"] == sha
+    rc = main(["deploy", "--config", str(STREAMING_CONFIG), "--attestation-mode", "tpm2", "--verify-on-boot", "true",
+               "--tcti", swtpm.tcti, "--approval", str(approval), "--authority-pub", str(auth / "authority.pub.pem"),
+               "--set", f"audit.directory={tmp_path / 'audit'}", "--set", f"control.socket={tmp_path / 'c.sock'}"])
+    out, err = capsys.readouterr()
+    assert rc == 0, out + err
+    assert OK.match(out.splitlines()[0]).group(1) == sha
+    assert ("model", "streaming-transformer-seed0", sha) in [(e["kind"], e["name"], e["sha256"])
+                                                             for e in staged(tmp_path)["events"]]
+    common = dict(attestation__tcti=swtpm.tcti, plc__security="none", plc__endpoint="opc.tcp://127.0.0.1:9/none",
+                  audit__directory=tmp_path / "audit", control__socket=tmp_path / "c.sock")
+    r = subprocess.run(sitsd_args(STREAMING_CONFIG, **common), capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert "deployment verified on boot" in r.stderr, r.stderr[-2000:]
+    assert "cannot connect to the PLC" in r.stderr  # verified, then on towards the (absent) PLC
+    r = subprocess.run(sitsd_args(STREAMING_CONFIG, model__streaming__seed=1, **common), capture_output=True,
+                       text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 1
+    assert "verify-on-boot: what sitsd loaded differs from the verified deployment" in r.stderr, r.stderr[-2000:]
