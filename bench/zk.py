@@ -64,7 +64,7 @@ def demo_circuit():
     from sitsd.prover import circuit_for_config
 
     cm = circuit_for_config(load_config(REPO / "examples" / "rolling-mill.yaml"))
-    return cm.circuit.r1cs, cm.witness(DEMO_INPUT)
+    return cm.circuit.r1cs, cm.witness(DEMO_INPUT, [2])  # mill_mode 2 (AGC)
 
 
 def _median(f, repeat: int) -> tuple[float, object]:

@@ -32,12 +32,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     pr = sub.add_parser(
         "prove", help="prove one command: the model's output for given inputs, as snarkjs JSON",
         description="Proves that the model of --config maps --input to the output in public.json. Public signals "
-        "(snarkjs order): the outputs, the model SHA-256 as two 128-bit numbers, the quantized inputs. Uses the "
+        "(snarkjs order): the outputs, the model SHA-256 as two 128-bit numbers, the quantized inputs, then the "
+        "context signals (integer signals such as mill_mode that conditional constraints read). Uses the "
         "keys in --keys (made by a development setup there if missing or stale). Writes proof.json and "
         "public.json to --out and copies vk.json next to them.")
     pr.add_argument("--config", type=Path, required=True, help="sitsd config (model, signal ranges)")
     pr.add_argument("--input", required=True,
                     help="model inputs in config order, comma separated (e.g. 4.0,3.0,2.4,9000,120,2.5)")
+    pr.add_argument("--context", default="", metavar="NAME=VALUE,...",
+                    help="values of the circuit's context signals (e.g. mill_mode=2); `sitsctl zk-setup` and "
+                    "the error message list them; required when the config has conditional constraints")
     pr.add_argument("--keys", type=Path, required=True, help="key directory (see zk-setup)")
     pr.add_argument("--out", type=Path, required=True, help="directory for proof.json, public.json, vk.json")
     pr.add_argument("--backend", choices=["int", "gmpy2"], default="gmpy2", help="MSM backend (default gmpy2)")
@@ -96,7 +100,8 @@ def _cmd_prove(args: argparse.Namespace) -> int:
             raise ZkError(f"backend {args.backend} is not installed")
         cfg = load_config(args.config)
         cm = circuit_for_config(cfg)
-        w = cm.witness(values)  # before any setup: an inadmissible input fails fast
+        ctx = _context_values(args.context, cm.context_names)
+        w = cm.witness(values, ctx)  # before any setup: an inadmissible input fails fast
         cm, pk = ensure_keys(cfg, args.keys, cm)
         t = time.perf_counter()
         proof = prove(prepare(pk, args.backend), w)
@@ -113,6 +118,28 @@ def _cmd_prove(args: argparse.Namespace) -> int:
     print(f"proved {outs} (quantization error <= {max(cm.error_bound):.3g}) in {dt:.2f} s ({args.backend}); "
           f"wrote {args.out}/proof.json, public.json, vk.json")
     return 0
+
+
+def _context_values(text: str, names: tuple[str, ...]) -> list[float]:
+    """`--context mill_mode=2,...` in the circuit's context order; ZkError names what is missing or unknown."""
+    given: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        try:
+            given[name.strip()] = float(value)
+        except ValueError:
+            raise ZkError(f"--context: write NAME=NUMBER, got {part!r}") from None
+        if not sep:
+            raise ZkError(f"--context: write NAME=NUMBER, got {part!r}")
+    unknown = sorted(set(given) - set(names))
+    missing = [n for n in names if n not in given]
+    if unknown:
+        raise ZkError(f"--context: {', '.join(unknown)} is not a context signal of this circuit "
+                      f"(it has: {', '.join(names) or 'none'})")
+    if missing:
+        raise ZkError(f"--context: give {', '.join(f'{n}=VALUE' for n in missing)} (conditional constraints of the "
+                      "config read them, so the circuit takes them as public signals)")
+    return [given[n] for n in names]
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
@@ -140,6 +167,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             h = (public[len(outs)] << 128) | public[len(outs) + 1]
             msg += ("\n  outputs: " + ", ".join(f"{n} = {v:.6g}" for n, v in zip(cm.circuit.output_names, outs))
                     + "\n  inputs: " + ", ".join(f"{n} = {v:.6g}" for n, v in zip(cm.input_names, ins))
+                    + "".join(f", {n} = {v}" for n, v in zip(cm.context_names, cm.decode_context(public)))
                     + f"\n  model SHA-256: {h:064x}" + ("" if f"{h:064x}" == cm.chain.sha256 else
                                                         f" (differs from the config's model {cm.chain.sha256})"))
         except ZkError as e:

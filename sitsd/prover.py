@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
-from attestation.zk import CompiledModel, LinearSpec, ProvingKey, ZkError, compile_chain, dev_setup, parse_onnx
+from attestation.zk import (CompiledModel, ConditionSpec, ContextSpec, LinearSpec, ProvingKey, ZkError, compile_chain,
+                            dev_setup, parse_onnx)
 from attestation.zk.formats import r1cs_file, snarkjs_json, zkey
 from ep.artifact import dequantized, resolve_model
 
@@ -29,8 +30,10 @@ from .config import Config
 def circuit_for_config(cfg: Config, frac_bits: int = 12, guard_bits: int = 2) -> CompiledModel:
     """The circuit of the deployed model over the config's signal ranges and linear constraints.
 
-    Ranges: each model input's signal min/max. Linear constraints without `when` over model inputs
-    with integer coefficients are enforced; the rest are listed as not encoded (see docs/zk.md).
+    Ranges: each model input's signal min/max. Linear constraints with integer coefficients over
+    model inputs are enforced, conditional ones too when every condition reads a model input or an
+    integer signal (enum, bool, int, bits): such a signal that is not a model input becomes a public
+    context signal of the circuit (`context_signals`). The rest are listed as not encoded (docs/zk.md).
     """
     data, digest, _ = resolve_model(cfg.model.artifact, cfg.model.sha256)
     # an FP8 artifact: its weights as the runtime folds them to FP32 at load (same bits, plain initializers)
@@ -43,13 +46,51 @@ def circuit_for_config(cfg: Config, frac_bits: int = 12, guard_bits: int = 2) ->
             raise ZkError(f"signal {name} has no min/max; the circuit range-checks every model input", "config")
         ranges.append((float(s.min), float(s.max)))
     index = {n: i for i, n in enumerate(cfg.model.inputs)}
+    context = context_signals(cfg)
+    cindex = {c.name: i for i, c in enumerate(context)}
     linear = []
     for c in cfg.constraints:
-        if c.when is not None or any(k not in index for k in c.coefficients):
+        conds = c.conditions
+        if any(k not in index for k in c.coefficients) or any(
+                d.signal not in index and d.signal not in cindex for d in conds):
             linear.append(LinearSpec(c.name, {}, None, None))  # listed as not encoded
             continue
-        linear.append(LinearSpec(c.name, {index[k]: v for k, v in c.coefficients.items()}, c.min, c.max))
-    return compile_chain(chain, cfg.model.inputs, ranges, linear, frac_bits, guard_bits, cfg.model.outputs)
+        when = tuple(ConditionSpec("input", index[d.signal], d.op, d.value) if d.signal in index
+                     else ConditionSpec("context", cindex[d.signal], d.op, d.value) for d in conds)
+        linear.append(LinearSpec(c.name, {index[k]: v for k, v in c.coefficients.items()}, c.min, c.max, when))
+    return compile_chain(chain, cfg.model.inputs, ranges, linear, frac_bits, guard_bits, cfg.model.outputs,
+                         context)
+
+
+def context_signals(cfg: Config) -> list[ContextSpec]:
+    """The integer signals, not model inputs, that the conditions of encodable constraints read, in
+    config signal order: the circuit takes them as public signals after the model inputs."""
+    by_name = {s.name: s for s in cfg.signals}
+    inputs = set(cfg.model.inputs)
+    wanted = set()
+    for c in cfg.constraints:
+        if c.conditions and all(k in inputs for k in c.coefficients):
+            wanted |= {d.signal for d in c.conditions if d.signal not in inputs}
+    out = []
+    for s in cfg.signals:
+        if s.name not in wanted:
+            continue
+        if s.type == "enum":
+            vals = tuple(sorted({int(v) for v in s.values}))
+            if any(float(v) != int(v) for v in s.values):
+                continue
+            out.append(ContextSpec(s.name, vals[0], vals[-1], vals))
+        elif s.type in ("bool", "bits", "int"):
+            lo, hi = s.lower, s.upper
+            if float(lo).is_integer() and float(hi).is_integer():
+                out.append(ContextSpec(s.name, int(lo), int(hi)))
+    return out
+
+
+def context_indices(cfg: Config) -> tuple[int, ...]:
+    """Where the circuit's context signals sit in a frame's values (config signal order)."""
+    order = {s.name: i for i, s in enumerate(cfg.signals)}
+    return tuple(order[c.name] for c in context_signals(cfg))
 
 
 def circuit_id(cm: CompiledModel) -> str:
@@ -153,7 +194,8 @@ def _write_atomic(path: Path, obj: object) -> None:
     os.replace(tmp, path)
 
 
-def _worker_prove(proof_id: str, inputs: tuple[float, ...], model_sha256: str, directory: Path) -> dict:
+def _worker_prove(proof_id: str, inputs: tuple[float, ...], model_sha256: str, directory: Path,
+                  context: tuple[float, ...] = ()) -> dict:
     from attestation.zk import prove
 
     cm: CompiledModel = _WORKER["cm"]
@@ -161,7 +203,7 @@ def _worker_prove(proof_id: str, inputs: tuple[float, ...], model_sha256: str, d
         raise ZkError(f"the command came from model {model_sha256[:12]}..., the prover's circuit is for "
                       f"{cm.chain.sha256[:12]}... (model swapped); restart to prove the new model")
     t = time.perf_counter()
-    w = cm.witness(inputs)
+    w = cm.witness(inputs, context)
     proof = prove(_WORKER["key"], w)
     public = cm.public_signals(w)
     _write_atomic(directory / f"{proof_id}.public.json", snarkjs_json.public_to_json(public))
@@ -208,7 +250,7 @@ class ProofService:
             (self.directory / "vk.json").write_bytes((self.keys / "vk.json").read_bytes())
 
     # loop thread: no logging, no blocking, no allocation beyond the job tuple
-    def offer(self, sequence: int, inputs, model_sha256: bytes, alerts) -> str | None:
+    def offer(self, sequence: int, inputs, model_sha256: bytes, alerts, context: tuple = ()) -> str | None:
         self.offered += 1
         if self.policy == "one_in_n":
             self._count += 1
@@ -224,7 +266,7 @@ class ProofService:
             self._last_alert = last
         proof_id = f"cmd-{sequence}"
         try:
-            self._queue.put_nowait((proof_id, tuple(float(v) for v in inputs), model_sha256.hex()))
+            self._queue.put_nowait((proof_id, tuple(float(v) for v in inputs), model_sha256.hex(), context))
         except _queue.Full:
             self.dropped += 1
             return None
@@ -253,7 +295,7 @@ class ProofService:
                 return
             self._slots.acquire()
             try:
-                fut = self._pool.submit(_worker_prove, job[0], job[1], job[2], self.directory)
+                fut = self._pool.submit(_worker_prove, job[0], job[1], job[2], self.directory, job[3])
             except RuntimeError:  # pool shut down
                 self._slots.release()
                 self.cancelled += 1
@@ -332,12 +374,15 @@ def attach_prover(daemon) -> ProofService | None:
     loop = daemon.loop
     previous = loop.observe
 
+    ctx_at = context_indices(cfg)  # the frame's values of the circuit's context signals (e.g. mill_mode)
+
     def observe(t_ns, frame_values, values, failsafe) -> None:
         if previous is not None:
             previous(t_ns, frame_values, values, failsafe)
         if not failsafe:
             st = loop.stage_set
-            service.offer(loop.sequence, st.model.input[0], st.model_sha256, loop.alerts)
+            ctx = tuple(float(frame_values[i]) for i in ctx_at) if ctx_at else ()
+            service.offer(loop.sequence, st.model.input[0], st.model_sha256, loop.alerts, ctx)
 
     loop.observe = observe
     daemon.log.info("proofs", policy=cfg.proof.policy, n=cfg.proof.n, workers=cfg.proof.workers,

@@ -79,11 +79,12 @@ def demo_circuit():
 
 
 DEMO_INPUT = [4.0, 3.0, 2.4, 9000.0, 120.0, 2.5]
+DEMO_CONTEXT = [2]  # mill_mode: AGC, the line's normal state (its conditional constraints apply)
 
 
 @pytest.fixture(scope="session")
 def demo(demo_circuit, tmp_path_factory) -> Proven:
-    return _proven("demo", demo_circuit.circuit.r1cs, demo_circuit.witness(DEMO_INPUT), tmp_path_factory.mktemp("demo"))
+    return _proven("demo", demo_circuit.circuit.r1cs, demo_circuit.witness(DEMO_INPUT, DEMO_CONTEXT), tmp_path_factory.mktemp("demo"))
 
 
 def generated_circuit(n_mul: int, seed: int):

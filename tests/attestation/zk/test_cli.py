@@ -14,12 +14,16 @@ def test_prove_then_verify_and_tamper(tmp_path, capsys):
     assert main(["zk-setup", "--config", str(CONFIG), "--out", str(keys)]) == 0
     assert "constraints" in capsys.readouterr().out
     assert main(["prove", "--config", str(CONFIG), "--input", "4.0,3.0,2.4,9000,120,2.5", "--keys", str(keys),
-                 "--out", str(out)]) == 0
+                 "--out", str(out)]) == 2  # the config's conditional constraints read mill_mode
+    assert "--context: give mill_mode=VALUE" in capsys.readouterr().err
+    assert main(["prove", "--config", str(CONFIG), "--input", "4.0,3.0,2.4,9000,120,2.5", "--context", "mill_mode=2",
+                 "--keys", str(keys), "--out", str(out)]) == 0
     assert "proved roll_gap_correction" in capsys.readouterr().out
     files = ["--vk", str(out / "vk.json"), "--public", str(out / "public.json")]
     assert main(["verify-proof", str(out / "proof.json"), *files, "--config", str(CONFIG)]) == 0
     text = capsys.readouterr().out
     assert "OK" in text and "roll_gap_correction" in text and "rolling_force = 9000" in text
+    assert "mill_mode = 2" in text
     res = snarkjs("groth16", "verify", out / "vk.json", out / "public.json", out / "proof.json")
     assert res.returncode == 0 and "OK!" in res.stdout
 
@@ -40,7 +44,16 @@ def test_prove_then_verify_and_tamper(tmp_path, capsys):
 
 
 def test_prove_rejects_out_of_range_input(tmp_path, capsys):
-    rc = main(["prove", "--config", str(CONFIG), "--input", "9.0,3.0,2.4,9000,120,2.5", "--keys",
-               str(tmp_path / "k"), "--out", str(tmp_path / "o")])
+    rc = main(["prove", "--config", str(CONFIG), "--input", "9.0,3.0,2.4,9000,120,2.5", "--context", "mill_mode=2",
+               "--keys", str(tmp_path / "k"), "--out", str(tmp_path / "o")])
     assert rc == 2
     assert "entry_thickness" in capsys.readouterr().err
+
+
+def test_prove_refuses_an_input_that_breaks_a_conditional_constraint(tmp_path, capsys):
+    """rolling force 3500 kN is in its signal range but outside the AGC band (mill_mode 2): no proof."""
+    common = ["--keys", str(tmp_path / "k"), "--out", str(tmp_path / "o"), "--config", str(CONFIG)]
+    assert main(["prove", "--input", "4.0,3.0,2.4,3500,120,2.5", "--context", "mill_mode=2", *common]) == 2
+    assert "force_in_band_under_agc" in capsys.readouterr().err
+    assert main(["prove", "--input", "4.0,3.0,2.4,9000,120,2.5", "--context", "mode=2", *common]) == 2
+    assert "mode is not a context signal of this circuit (it has: mill_mode)" in capsys.readouterr().err
