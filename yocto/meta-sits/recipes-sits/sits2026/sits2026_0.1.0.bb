@@ -47,7 +47,8 @@ FILES:${PN} += "${nonarch_libdir}/tmpfiles.d ${nonarch_libdir}/sysusers.d"
 CONFFILES:${PN} = "${sysconfdir}/sits2026/sitsd.yaml ${sysconfdir}/sits2026/approval/rolling-mill.approval.json \
                    ${sysconfdir}/sits2026/approval/authority.pub.pem"
 
-# onnxruntime has no recipe in the mainstream layers: use a vendor ML layer (e.g. meta-imx-ml) or your own.
+# onnxruntime, onnx and ml-dtypes come from this layer (prebuilt wheels). python3-packaging: sitsctl
+# compile --quantization int8 imports onnxruntime.quantization, which imports packaging.
 RDEPENDS:${PN} = "\
     python3-asyncio \
     python3-asyncua \
@@ -58,6 +59,7 @@ RDEPENDS:${PN} = "\
     python3-numpy \
     python3-onnx \
     python3-onnxruntime \
+    python3-packaging \
     python3-prometheus-client \
     python3-pydantic \
     python3-pyyaml \
