@@ -75,6 +75,12 @@ def _cmd_status(args) -> int:
     c, lat = answer["counters"], answer["latency_us"]
     print(f"sitsd {answer['line']}: {answer['state']}, up {answer['uptime_s']} s")
     print(f"  model   {answer['model']} (sha256 {answer['model_sha256']})")
+    per = answer.get("persistence") or {}
+    if answer.get("stages_source"):
+        print(f"  stages  from {answer['stages_source']}; a restart loads "
+              + ("the persisted updates" if per.get("restart_loads") == "persisted" else "the config's versions")
+              + (f" ({per['inactive_reason']})" if per.get("inactive_reason") else "")
+              + (f"; last persistence error: {per['last_error']}" if per.get("last_error") else ""))
     print(f"  signer  {answer['signer']} (key id {answer['key_id']})")
     print(f"  PLC     {answer['plc']}")
     print(f"  frames {c['frames']}  commands {c['commands']}  dropped {c['dropped']}  fail-safe {c['failsafe']}  "

@@ -107,6 +107,7 @@ class Daemon:
         self.wasm = None  # sitsd.wasm.WasmHost when the config names modules
         self.hotswap = None  # sitsd.hotswap.HotSwap once the loop is built
         self.measurements = None  # attestation.measurement.MeasurementLog
+        self.persistence = None  # sitsd.persist.Persistence: hot swaps that survive a restart
 
     # -- startup ------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -114,15 +115,24 @@ class Daemon:
         names = cfg.signal_names
         # attestation.require_signatures: unsigned or wrongly signed modules/model/config stop us here
         self.signatures = __import__("sitsd.signatures").signatures.check_startup(cfg, self.config_path)
+        # hot swaps persisted by an earlier run (sitsd/persist.py): loaded instead of the config's model and
+        # modules when based on these very config bytes and every file verifies; else None, the config wins
+        from .persist import Persistence
+
+        self.persistence = Persistence(self)
+        restored = self.persistence.restore()
+        if restored is not None and restored.modules is not None:
+            self.wasm = restored.modules[0]  # closed at stop, as the config's host is
         try:
-            self.model = build_model(cfg)  # sitsd/model.py: ModelRunner, or StreamingRunner for kind streaming
+            # sitsd/model.py: ModelRunner, or StreamingRunner for kind streaming
+            self.model = restored.model if restored is not None and restored.model is not None else build_model(cfg)
         except ModelLoadError as exc:
             raise StartupError(str(exc)) from exc
         if cfg.model.kind == "streaming":
             self.log.info("streaming model", **self.model.recovered, state_dir=str(self.model.pool.directory),
                           window=cfg.model.stream.window, proofs="off (no circuit for attention)",
                           hot_swap="refused (restart to change the model)")
-        if cfg.model.sha256 and self.model.sha256.hex() != cfg.model.sha256:
+        if cfg.model.sha256 and self.model.sha256.hex() != cfg.model.sha256:  # (a persisted model was checked)
             raise StartupError(f"model {cfg.model.artifact}: SHA-256 {self.model.sha256.hex()} differs from "
                                f"model.sha256 {cfg.model.sha256} pinned in the config")
         if self.signer is None:
@@ -152,7 +162,10 @@ class Daemon:
         except TransportError as exc:
             raise StartupError(str(exc)) from exc
         try:
-            self.wasm, pre, post = load_config_modules(cfg)
+            if restored is not None and restored.modules is not None:
+                _, pre, post = restored.modules  # verified and self-tested by Persistence.restore
+            else:
+                self.wasm, pre, post = load_config_modules(cfg)
         except WasmError as exc:
             raise StartupError(f"{exc}\n  fix: correct the module or its golden vectors, or remove it from "
                                f"`modules:`") from exc
@@ -171,7 +184,12 @@ class Daemon:
             max_consecutive_drops=cfg.timing.max_consecutive_drops, clock_policy=cfg.timing.ptp.policy,
             timings=self.timings, counters=self.counters, alerts=self.alerts,
             loop_cpu=cfg.runtime.loop_cpu, realtime_priority=cfg.runtime.realtime_priority, pre=pre, post=post)
+        if restored is not None:  # `sitsctl versions` shows it as the startup set's label
+            self.loop.stage_set.label = "startup (persisted updates)"
+        self.persistence.started(self.loop.stage_set)
         self.hotswap = attach(self)
+        if restored is not None:  # the config's versions, loaded for `sitsctl rollback`; the restored set is watched
+            self.persistence.keep_fallback(self.hotswap)
         # verify_on_boot: what was just measured must match the staged `sitsctl deploy` record, checked by a
         # fresh TPM quote, before the first command is signed for the PLC; StartupError otherwise
         self.deployment = __import__("sitsd.deploy").deploy.check_on_boot(self)
@@ -329,10 +347,15 @@ class Daemon:
     async def _housekeeping(self) -> None:
         watchdog_s = self.notifier.watchdog_usec / 2e6 if self.notifier.watchdog_usec else None
         last_beat, last_ping, last_status, last_malformed = -1, 0.0, 0.0, 0
+        running_cfg = self.cfg
         while True:
             await asyncio.sleep(0.05)
             if self.hotswap is not None and self.hotswap.watching:  # a fresh swap: trap/error spike -> rollback
                 await asyncio.to_thread(self.hotswap.check_health)
+            if self.cfg is not running_cfg and self.persistence is not None:
+                # reloaded (SIGHUP, update --config, deploy): persisted updates are re-based on the new bytes
+                running_cfg = self.cfg
+                await asyncio.to_thread(self.persistence.config_reloaded)
             malformed = self.source.malformed if self.source is not None else 0
             if malformed != last_malformed:  # counted on the loop thread, reported here
                 self.alert_counts["malformed_frame"] += malformed - last_malformed
@@ -398,10 +421,15 @@ class Daemon:
             "state": self.state,
             "uptime_s": round(time.monotonic() - self._started, 1),
             "reloads": self.reloads,
-            "model": str(self.cfg.model.artifact) if self.cfg.model.kind == "mlp" else "streaming",
+            # the model that runs: the config's, or a hot-swapped or persisted one (stages_source says which)
+            "model": ((self.loop.stage_set.model_path if self.loop else str(self.cfg.model.artifact))
+                      if self.cfg.model.kind == "mlp" else "streaming"),
             "stream": self.model.describe() if getattr(self.model, "kind", "mlp") == "streaming" else None,
             "model_sha256": self.loop.stage_set.model_sha256.hex() if self.loop else None,
             "stages": self.loop.stage_set.describe() if self.loop else None,
+            # stages_source: config / persisted / hot swap (not persisted); persistence: what a restart loads
+            **(self.persistence.describe(self.loop.stage_set if self.loop else None)
+               if self.persistence is not None else {"stages_source": "config", "persistence": None}),
             "signer": "tpm" if str(getattr(self.signer, "kind", "")).startswith("tpm") else getattr(self.signer, "kind", None),
             "signing_mode": getattr(self.signer, "kind", None),
             "key_id": self.signer.key_id.hex() if self.signer else None,

@@ -104,12 +104,12 @@ def _load_verified(daemon, req: dict) -> dict:
         raise SwapRefused(f"modules {sorted(running)} run, the config has {sorted(wanted)}: restart sitsd")
     applied = []
     if events[0][2] != st.model_sha256.hex():
-        daemon.hotswap.update_model(Path(cfg.model.artifact), events[0][2])
+        daemon.hotswap.update_model(Path(cfg.model.artifact), events[0][2], respect_pins=False)  # new config's
         applied.append("model")
     for stage, (name, sha) in wanted.items():
         if (running[stage].name, running[stage].sha256) != (name, sha):
             spec = next(m for m in cfg.modules if m.stage == stage)
-            daemon.hotswap.update_module(Path(spec.path), spec.name, sha)
+            daemon.hotswap.update_module(Path(spec.path), spec.name, sha, respect_pins=False)
             applied.append(f"module:{stage}")
     log = daemon.measurements
     config_sha = events[-1][2]

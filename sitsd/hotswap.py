@@ -5,7 +5,9 @@ self-test; for a model: load through ep and prove its output bounds inside the a
 swap: one reference assignment (`loop.stage_set = new`) that the loop reads once at the start of each
 frame, so every frame runs on exactly one StageSet -> the previous set stays loaded for an instant
 rollback. A trap, or an error-rate spike, in the frames right after a swap rolls back automatically.
-Every swap and rollback is appended to the measurement log (`attestation.measurement`).
+Every swap and rollback is appended to the measurement log (`attestation.measurement`). A set that
+survives its watch window, and the set a rollback leaves running, are handed to `on_settled`
+(sitsd.persist: the daemon persists them, so a restart loads them again instead of the config's versions).
 
 Invariant: only the loop thread calls into a StageSet's modules and model; other threads read its
 counters (plain ints, torn reads are harmless) and assign `loop.stage_set`.
@@ -110,13 +112,19 @@ class HotSwap:
 
     def __init__(self, loop, host: WasmHost | None, *, n_inputs: int, n_outputs: int, bounds_check=None,
                  measure=None, alerts=None, module_specs: dict | None = None, pickup_timeout_s: float = 2.0,
-                 signatures=None) -> None:
+                 signatures=None, on_settled=None, pins=None) -> None:
         self.loop = loop
+        # () -> {"model": sha256 | None, <module name>: sha256 | None}: the running config's pins (model.sha256,
+        # modules[].sha256), read at each update so a reloaded config's pins apply
+        self.pins = pins
         self.signatures = signatures  # sitsd.signatures.SignaturePolicy: the stage step's signature check
         self.host = host
         self.n_inputs, self.n_outputs = n_inputs, n_outputs
         self.bounds_check = bounds_check  # model path -> (proven: bool, report: str)
         self.measure = measure  # (kind, name, sha256 hex) -> None
+        # (StageSet, reason) -> None: a set that passed its watch window, or that a rollback made current;
+        # called with the swap lock held, so what it records follows the order of the swaps
+        self.on_settled = on_settled
         self.alerts = alerts
         self.module_specs = module_specs or {}  # name -> schema.Module (limits, stage)
         self.pickup_timeout_s = pickup_timeout_s
@@ -237,9 +245,38 @@ class HotSwap:
         # a set that comes back by rollback keeps its counters; a new set starts at zero
         return StageSet(self._generation, **base)
 
-    def update_module(self, path: Path, name: str | None = None, expected_sha256: str | None = None) -> dict:
+    def keep_fallback(self, label: str, **changes) -> StageSet:
+        """At a start on persisted updates: the config's versions (loaded, self-tested, not running) become
+        the set `rollback` returns to, per component too, and the running set is watched as a fresh swap
+        is, so a persisted version that faults right after the restart rolls back to the config's."""
+        with self._lock:
+            cur = self.loop.stage_set
+            fallback = self._next(label=label, **changes)
+            self.previous = fallback
+            if fallback.model is not cur.model:
+                self._prior["model"] = (fallback.model, fallback.model_sha256, fallback.model_path)
+            for m in (fallback.pre, fallback.post):
+                if m is not None and m is not getattr(cur, m.stage):
+                    self._prior[m.name] = m
+            self._watch = (cur, self.loop.counters.failsafe, self.loop.counters.frames)
+            return fallback
+
+    def _check_pin(self, what: str, key: str, path: Path, sha256: str) -> None:
+        """A config that pins a hash (model.sha256, modules[].sha256) allows only those bytes, hot swaps too."""
+        pin = (self.pins() or {}).get(key) if self.pins is not None else None
+        if pin and pin != sha256:
+            field = "model.sha256" if key == "model" else f"the sha256 of module {key}"
+            raise SwapRefused(f"{what} {path}: SHA-256 {sha256} is not {pin}, which the running config pins "
+                              f"({field}); to change a pinned {what}, update the config with the new hash "
+                              f"(`sitsctl update --config FILE` or `sitsctl deploy`) or remove the pin")
+
+    def update_module(self, path: Path, name: str | None = None, expected_sha256: str | None = None,
+                      respect_pins: bool = True) -> dict:
+        """`respect_pins` False only for `sitsctl deploy`, which checked the new config's pins before loading."""
         with self._lock, _low_priority():
             version = self.prepare_module(path, name, expected_sha256)
+            if respect_pins:
+                self._check_pin("module", version.name, path, version.sha256)
             old = getattr(self.loop.stage_set, version.stage)
             new = self._next(**{version.stage: version}, label=f"{version.name} v{version.version}")
             self._prior[version.name] = old
@@ -248,13 +285,15 @@ class HotSwap:
             return {**rec.as_dict(), "module": version.describe(), "origin": version.origin,
                     "previous": old.describe() if old else None}
 
-    def update_model(self, path: Path, expected_sha256: str | None = None) -> dict:
+    def update_model(self, path: Path, expected_sha256: str | None = None, respect_pins: bool = True) -> dict:
         if getattr(self.loop.stage_set.model, "kind", "mlp") == "streaming":
             # its state is the stream's KV cache, tied to these weights: a new model could not continue it
             raise SwapRefused("model hot swap is not supported for model.kind streaming (the stream's KV state "
                               "belongs to the running weights); change the config and restart sitsd")
         with self._lock, _low_priority():
             runner, prepare_ms, report = self.prepare_model(path, expected_sha256)
+            if respect_pins:
+                self._check_pin("model", "model", path, runner.sha256.hex())
             cur = self.loop.stage_set
             self._prior["model"] = (cur.model, cur.model_sha256, cur.model_path)
             new = self._next(model=runner, model_sha256=runner.sha256, model_path=str(path),
@@ -266,7 +305,20 @@ class HotSwap:
     def rollback(self, component: str | None = None, reason: str = "operator request") -> dict:
         """Back to the previous set (component None), or only its model / one of its modules."""
         with self._lock:
-            return self._rollback(component, reason)
+            out = self._rollback(component, reason)
+            self._settle(self.loop.stage_set, f"rollback of {out['component']} ({reason})")
+            return out
+
+    def _settle(self, st: StageSet, reason: str) -> None:
+        """Hand a set that is to stay to `on_settled` (persistence); its failure never undoes the swap."""
+        if self.on_settled is None:
+            return
+        try:
+            self.on_settled(st, reason)
+        except Exception as exc:  # the set runs either way; say that it is not persisted
+            if self.alerts is not None:
+                self.alerts.append((time.time_ns(), "persisted_update", f"could not persist generation "
+                                    f"{st.generation} ({st.label}): {exc!r}", 0, 0))
 
     def _rollback(self, component: str | None, reason: str) -> dict:
         prev, cur = self.previous, self.loop.stage_set
@@ -312,7 +364,11 @@ class HotSwap:
         elif frames >= 20 and failsafes * 2 > frames:
             reason = f"fail-safe rate {failsafes}/{frames} frames after the swap"
         elif new.frames >= WATCH_FRAMES:
-            self._watch = None  # survived its watch window
+            self._watch = None  # survived its watch window: from now on it is the set a restart should load
+            with self._lock:
+                if self.loop.stage_set is new:
+                    self._settle(new, f"generation {new.generation} ({new.label}) passed its health watch "
+                                 f"({new.frames} frames, {new.traps} traps)")
             return None
         if not reason:
             return None
@@ -320,6 +376,7 @@ class HotSwap:
             if self.loop.stage_set is not new:
                 return None
             rec = self._rollback(None, f"automatic: {reason}")
+            self._settle(self.loop.stage_set, f"automatic rollback of generation {new.generation}: {reason}")
         self._watch = None
         if self.alerts is not None:
             self.alerts.append((time.time_ns(), "rollback", f"rolled back generation {new.generation} ({new.label}): "
@@ -407,7 +464,9 @@ def model_bounds_check(get_config):
 
 
 def attach(daemon) -> HotSwap:
-    """The daemon's HotSwap, with the startup deployment measured (model, modules, config)."""
+    """The daemon's HotSwap, with the startup deployment measured (model, modules, config). The model and
+    modules measured are the loop's, so a set loaded from persisted updates (sitsd.persist) is measured as
+    what it is, followed by a `persisted` event with the state file's SHA-256 that says where it came from."""
     from attestation.errors import AttestationError
 
     from .errors import StartupError
@@ -424,12 +483,21 @@ def attach(daemon) -> HotSwap:
     for m in (st.pre, st.post):
         if m is not None:
             log.record(f"module:{m.stage}", m.name, m.sha256)
+    persistence = getattr(daemon, "persistence", None)
     if daemon.config_path is not None:
-        log.record("config", Path(daemon.config_path).name, file_sha256(daemon.config_path))
+        # the bytes the persisted state is compared with, hashed once at start (file_sha256 if not yet)
+        config_sha = getattr(persistence, "config_sha256", None) or file_sha256(daemon.config_path)
+        log.record("config", Path(daemon.config_path).name, config_sha)
+    if persistence is not None and persistence.restored is not None:
+        from .persist import STATE_FILE
+
+        log.record("persisted", STATE_FILE, persistence.restored.raw_sha256)
     return HotSwap(loop, daemon.wasm, n_inputs=len(cfg.model.inputs), n_outputs=len(cfg.model.outputs),
                    bounds_check=model_bounds_check(lambda: daemon.cfg), measure=log.record, alerts=daemon.alerts,
                    module_specs={m.name: m for m in cfg.modules},
-                   signatures=__import__("sitsd.signatures").signatures.SignaturePolicy.from_config(cfg))
+                   signatures=__import__("sitsd.signatures").signatures.SignaturePolicy.from_config(cfg),
+                   on_settled=persistence.settled if persistence is not None else None,
+                   pins=lambda: {"model": daemon.cfg.model.sha256, **{m.name: m.sha256 for m in daemon.cfg.modules}})
 
 
 def control_handlers(daemon) -> dict:
@@ -489,6 +557,11 @@ def control_handlers(daemon) -> dict:
         return await run(_rollback, req)
 
     def versions(_req: dict) -> dict:
-        return daemon.hotswap.versions() if daemon.hotswap else {}
+        if not daemon.hotswap:
+            return {}
+        out = daemon.hotswap.versions()
+        if getattr(daemon, "persistence", None) is not None:  # config, persisted, or not persisted
+            out.update(daemon.persistence.describe(daemon.loop.stage_set))
+        return out
 
     return {"update": update, "rollback": rollback, "versions": versions}

@@ -398,6 +398,9 @@ class RuntimeSection(_Section):
 
     loop_cpu: int | None = Field(default=None, ge=0, description="pin the loop thread to this CPU")
     realtime_priority: int | None = Field(default=None, ge=1, le=99, description="SCHED_FIFO priority of the loop")
+    persist_updates: bool = Field(default=True, description="a hot swap that passed its health watch is loaded "
+                                  "again after a restart (<audit.directory>/active-stages.json, while the config "
+                                  "file is unchanged; docs/hotswap.md); false: a restart loads the config's versions")
 
 
 class MetricsSection(_Section):

@@ -236,3 +236,32 @@ def test_sitsctl_update_swaps_modules_and_model_in_a_running_sitsd_without_losin
     assert [e.kind for e in events] == ["model", "module:pre", "module:post", "config", "module:pre", "module:post",
                                         "model", "rollback:module:post"]
     assert replay_file(audit / "measurements.jsonl").hex() == events[-1].pcr_after
+
+
+def test_a_hash_pinned_in_the_config_refuses_other_bytes_until_the_config_changes(host, tmp_path):
+    """modules[].sha256 / model.sha256 pin what runs, hot swaps included; the pins are read at each update,
+    so a reloaded config with the new hash lets the same update through."""
+    import hashlib
+
+    from sitsd.wasm.module import read_source
+
+    loop, sent, _ = build()
+    loop.stage_set.pre = host.load("pre_filter", "pre", MODULES / "pre_filter.wat", 6, 6)
+    loop.stage_set.post = host.load("post_command", "post", MODULES / "post_command.wat", 1, 1)
+    pins = {"post_command": loop.stage_set.post.sha256, "model": loop.stage_set.model_sha256.hex()}
+    hs = HotSwap(loop, host, n_inputs=6, n_outputs=1, alerts=loop.alerts, pins=lambda: dict(pins))
+    original = loop.stage_set.post
+    _, v2 = module_versions(tmp_path, "post_command")
+    with pytest.raises(SwapRefused, match="which the running config pins .the sha256 of module post_command"):
+        hs.update_module(v2)
+    assert loop.stage_set.post is original
+    copy = tmp_path / "doc.onnx"
+    copy.write_bytes(DEMO_MODEL.read_bytes() + b"\x32\x03pin")  # one more doc_string: same model, other hash
+    with pytest.raises(SwapRefused, match=r"model.sha256"):
+        hs.update_model(copy)
+    pins["post_command"] = hashlib.sha256(read_source(v2)).hexdigest()  # the config now pins v2
+    hs.update_module(v2)
+    assert loop.stage_set.post.version == 2
+    pins.pop("model")  # no pin: any proven model may swap in
+    hs.update_model(copy)
+    assert loop.stage_set.model_sha256 == hashlib.sha256(copy.read_bytes()).digest()
