@@ -4,11 +4,14 @@
 
 Each scenario runs the simulator's physics with one fault (plc/simulator/faults.py) through the
 daemon's real gates and the real model (ONNX Runtime) in simulated time (sitsd.rca.scenario),
-then localizes over the last 20 s with sitsd.rca.localize. The fault's label is used only here, to
-score the ranking; the localizer sees events and signals only. Per seed the onset, the magnitude,
-the faulty sensor and the PLC vendor vary. Baseline: failure modes ranked by the number of events
-matching their detections (alert count). localize_ms is the wall time of one localization
+then localizes over the last 20 s with sitsd.rca.localize, 8 s after the onset. The fault's label is
+used only here, to score the ranking; the localizer sees events and signals only. Per seed the onset,
+the magnitude, the faulty sensor and the PLC vendor vary. Baseline: failure modes ranked by the number
+of events matching their detections (alert count). localize_ms is the wall time of one localization
 (detectors, Granger tests, model replay, scoring), i.e. the time from having the alerts to the ranking.
+
+early_top1/early_top3: the same scenario ranked again with only what was known 1 s after the incident's
+first alert (the 8 s diagnosis's `first_alert_ns`): events up to then and a 20 s window ending then.
 """
 from __future__ import annotations
 
@@ -115,7 +118,9 @@ def main() -> int:
     summary = {"scenarios": len(rows), "top1": round(float(np.mean([r["top1"] for r in rows])), 4),
                "top3": round(float(np.mean([r["top3"] for r in rows])), 4),
                "baseline_top1": round(float(np.mean([r["baseline_top1"] for r in rows])), 4),
-               "localize_ms": {"p50": round(float(np.median(ms)), 2), "max": round(float(ms.max()), 2)}}
+               "localize_ms": {"p50": round(float(np.median(ms)), 2), "max": round(float(ms.max()), 2)},
+               "early_top1": round(float(np.mean([r["early_top1"] for r in rows])), 4),
+               "early_top3": round(float(np.mean([r["early_top3"] for r in rows])), 4)}
     print()
     for kind in FAULT_KINDS:
         sel = [r for r in rows if r["fault"] == kind]
@@ -124,8 +129,7 @@ def main() -> int:
               f"  (1 s after first alert: top-1 {sum(r['early_top1'] for r in sel)}/{len(sel)})")
     print(f"  all: top-1 {summary['top1']:.2f}  top-3 {summary['top3']:.2f}  baseline top-1 {summary['baseline_top1']:.2f}"
           f"  localize p50 {summary['localize_ms']['p50']} ms, max {summary['localize_ms']['max']} ms")
-    print(f"  ranked 1 s after the first alert: top-1 {np.mean([r['early_top1'] for r in rows]):.2f}  "
-          f"top-3 {np.mean([r['early_top3'] for r in rows]):.2f} (slow drifts need more than 1 s of evidence)")
+    print(f"  ranked 1 s after the first alert: top-1 {summary['early_top1']:.2f}  top-3 {summary['early_top3']:.2f}")
     if args.json:
         print(json.dumps(summary))
     return 0

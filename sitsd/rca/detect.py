@@ -4,6 +4,24 @@ The first `reference_fraction` of the window is the reference (assumed healthy);
 tested against it: relations that left their steady value, sensors that repeat one value, Granger
 edges that stopped carrying information, and commands that differ from the verified model
 replayed on the same inputs. None of them knows which fault (if any) was injected.
+
+A relation is tested two ways, and either one flags it:
+
+- level: its 0.5 s moving mean against the reference's median, in reference spreads;
+- step: its 0.5 s moving mean against its own mean over the 1.5 s just before (a trailing
+  baseline), in reference spreads of that same statistic. A slow process trend (the rolls
+  heating up after a start or a roll change move the gaugemeter relation by 0.02 mm over the
+  first 8 s) widens the level spread of a reference that contains it, so a fault within the
+  next seconds would have to be many times larger to show; the step is blind to trends slower
+  than its 2 s span and shows a fault's onset within a second. Once it fires, the deviation is
+  measured against the level just before the onset, so the excursion lasts until the relation is
+  back there (and the way back is not a step of its own). It needs `step_reference` values of its
+  statistic in the reference to estimate their spread; with fewer it stays off.
+
+A relation anomaly is one `Anomaly` per excursion, with `end_ns`, the last sample it was outside
+(the window's end while it lasts), so the localizer can tell a transient that is over from an
+ongoing fault. `relation_shifts` measures each relation's move since an instant (the incident's
+first alert) for the localizer's graded, below-threshold evidence.
 """
 from __future__ import annotations
 
@@ -20,11 +38,20 @@ from .granger import granger
 Replay = Callable[[np.ndarray], np.ndarray]
 
 
+@dataclass(frozen=True, slots=True)
+class Anomaly(Event):
+    """A detector's event, with the time it was last seen (`end_ns`; the window's end while it lasts)."""
+
+    end_ns: int = 0
+
+
 @dataclass(frozen=True)
 class DetectorSettings:
     reference_fraction: float = 0.4
     smooth: int = 50  # samples in the moving mean of a relation (0.5 s at 100 Hz)
     z_threshold: float = 8.0  # smoothed relation vs its reference spread
+    step_baseline: int = 150  # samples in the trailing baseline of the step test (1.5 s at 100 Hz)
+    step_reference: int = 400  # step values the reference must hold to estimate their spread (4 s)
     hold: int = 25  # samples a deviation must last
     stuck_samples: int = 30  # identical readings in a row that make a sensor "stuck"
     replay_tolerance: float = 2e-3  # command units (mm) between sent and replayed command
@@ -81,37 +108,172 @@ def _lag_valid(w: SignalWindow, lag: int) -> np.ndarray:
     return ok
 
 
+def _trailing_step(x: np.ndarray, smooth: int, baseline: int) -> np.ndarray:
+    """The `smooth`-sample moving mean minus the mean of the `baseline` samples before those (NaN until both
+    exist): how far the relation moved within the last few seconds, whatever its slow trend."""
+    sm = _moving_mean(x, smooth)
+    base = _moving_mean(x, baseline)
+    out = np.full(len(x), np.nan)
+    if len(x) > smooth + baseline:
+        out[smooth + baseline - 1:] = sm[smooth + baseline - 1:] - base[baseline - 1:len(x) - smooth]
+    return out
+
+
+def _reference_z(series: np.ndarray, start: int, ref_end: int, min_len: int):
+    """(mu, sigma) of `series` over the reference rows [start, ref_end); None when the reference holds fewer than
+    `min_len` finite values."""
+    ref = series[start:ref_end]
+    ref = ref[np.isfinite(ref)]
+    if len(ref) < min_len:
+        return None
+    mu = float(np.median(ref))
+    return mu, float(np.std(ref)) + 1e-9 + 1e-6 * abs(mu)
+
+
+def _runs(flags: np.ndarray, hold: int, gap: int) -> list[tuple[int, int]]:
+    """(first, last) index of each run of at least `hold` True values; runs at most `gap` apart are one."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], flags.astype(np.int8), [0]])))
+    out: list[tuple[int, int]] = []
+    for a, b in zip(edges[::2], edges[1::2]):
+        if b - a < hold:
+            continue
+        if out and a - out[-1][1] <= gap:
+            out[-1] = (out[-1][0], int(b) - 1)
+        else:
+            out.append((int(a), int(b) - 1))
+    return out
+
+
+def _walk_back(z: np.ndarray, i: int, s: DetectorSettings) -> int:
+    """From a crossing back to where the deviation began (|z| below a third of the threshold), at most `smooth`."""
+    j = i
+    while j > max(0, i - s.smooth) and abs(z[j - 1]) > s.z_threshold / 3:
+        j -= 1
+    return j
+
+
+def _level_excursions(sm, mu, sigma, tol, s: DetectorSettings) -> list[tuple[int, int, float]]:
+    """(onset, last, peak z) of each stretch the moving mean spent away from the reference level."""
+    z = np.nan_to_num((sm - mu) / sigma)
+    flags = (np.abs(z) > s.z_threshold) & (np.abs(np.nan_to_num(sm - mu)) > tol)
+    return [(_walk_back(z, a, s), b, float(z[a:b + 1][np.argmax(np.abs(z[a:b + 1]))]))
+            for a, b in _runs(flags, s.hold, s.smooth)]
+
+
+def _step_excursions(sm, step, mu, sigma, tol, s: DetectorSettings,
+                     level: list[tuple[int, int, float]]) -> list[tuple[int, int, float]]:
+    """(onset, last, peak z) of each step: the trailing step crosses the threshold; from its onset on the
+    deviation is measured against the level just before the onset (the baseline is frozen there), so the
+    excursion lasts until the relation is back at that level. A step back, taken during or within the step's
+    span after an excursion (`level`'s or an earlier step's) that went the other way, is that excursion's
+    recovery, not a step of its own."""
+    z = np.nan_to_num((step - mu) / sigma)
+    flags = (np.abs(z) > s.z_threshold) & (np.abs(np.nan_to_num(step - mu)) > tol)
+    span = s.smooth + s.step_baseline
+    out: list[tuple[int, int, float]] = []
+    i = 0
+    while i < len(z):
+        c = _first_sustained(flags[i:], s.hold)
+        if c < 0:
+            break
+        c += i
+        j = _walk_back(z, c, s)
+        if any(a <= j <= b + span and np.sign(pz) == -np.sign(z[c]) for a, b, pz in level + out):
+            off = np.flatnonzero(~flags[c:])
+            i = c + (int(off[0]) if len(off) else len(flags) - c)
+            continue
+        before = sm[j] - step[j]  # the trailing baseline at the onset
+        dev = np.nan_to_num(sm[j:] - before - mu)
+        zz = dev / sigma
+        away = (np.abs(zz) > s.z_threshold) & (np.abs(dev) > tol)
+        away[:c - j] = True  # the walk-back stretch belongs to it
+        back = _first_sustained(~away, s.smooth)  # back at the level for `smooth` samples: over
+        last = j + (back - 1 if back >= 0 else len(away) - 1)
+        seg = zz[:last - j + 1]
+        out.append((j, last, float(seg[np.argmax(np.abs(seg))])))
+        i = last + 1
+    return out
+
+
 def relation_events(fmea: Fmea, w: SignalWindow, s: DetectorSettings) -> list[Event]:
+    """One anomaly per excursion of each relation (level or step, overlapping ones joined); its value is the
+    peak in reference spreads, with its sign (the level test's when it flagged the excursion)."""
     out = []
     n = len(w)
     ref_end = reference_end(w, s.reference_fraction)
     if ref_end < 2 * s.smooth or n - ref_end < s.hold:
         return out
+    frame_s = float(np.median(np.diff(w.t_ns))) / 1e9
     for rel in fmea.relations:
         r = rel.expression.evaluate(w.column)
         if rel.expression.max_lag:
             r[~_lag_valid(w, rel.expression.max_lag)] = np.nan
         sm = _moving_mean(r, s.smooth)
-        ref = sm[s.smooth:ref_end]
-        ref = ref[np.isfinite(ref)]
-        if len(ref) < s.smooth:
+        level = _reference_z(sm, s.smooth, ref_end, s.smooth)
+        if level is None:
             continue
-        mu = float(np.median(ref))
-        sigma = float(np.std(ref)) + 1e-9 + 1e-6 * abs(mu)
-        z = (sm[ref_end:] - mu) / sigma
-        deviation = np.abs(np.nan_to_num(sm[ref_end:] - mu))
-        outside = (np.abs(np.nan_to_num(z)) > s.z_threshold) & (deviation > rel.tolerance)
-        i = _first_sustained(outside, s.hold)
-        if i < 0:
+        moved = _level_excursions(sm[ref_end:], *level, rel.tolerance, s)
+        found = [(a, b, z, 0) for a, b, z in moved]
+        step = _trailing_step(r, s.smooth, s.step_baseline)
+        ref = _reference_z(step, s.smooth + s.step_baseline, ref_end, s.step_reference)
+        if ref is not None:
+            found += [(a, b, z, 1) for a, b, z in _step_excursions(sm[ref_end:], step[ref_end:], *ref,
+                                                                     rel.tolerance, s, moved)]
+        joined: list[list] = []
+        for a, b, z, k in sorted(found):
+            if joined and a <= joined[-1][1] + s.smooth:
+                last = joined[-1]
+                last[1] = max(last[1], b)
+                if (k, -abs(z)) < (last[3], -abs(last[2])):  # the level test's peak, else the larger
+                    last[2], last[3] = z, k
+            else:
+                joined.append([a, b, z, k])
+        for a, b, peak, k in joined:
+            what = f"moved {peak:+.1f} sigma from its reference {level[0]:.5g}" if k == 0 else \
+                f"stepped {peak:+.1f} sigma from its level over the {s.step_baseline * frame_s:.3g} s before"
+            out.append(Anomaly(int(w.t_ns[ref_end + a]), "anomaly", f"anomaly.relation.{rel.name}",
+                               f"{rel.name} ({rel.text or rel.expr}) {what}", "warning", "", rel.name, peak,
+                               int(w.t_ns[ref_end + b])))
+    return out
+
+
+@dataclass(frozen=True)
+class Shift:
+    """How far a relation moved since an instant: the mean of its last `smooth` samples against its mean over
+    the `step_baseline` samples before the instant, in reference spreads of the step statistic."""
+
+    relation: str
+    z: float
+    deviation: float  # in the relation's unit, signed
+    t_ns: int  # when it was measured (the window's end)
+
+
+def relation_shifts(fmea: Fmea, w: SignalWindow, since_ns: int, s: DetectorSettings) -> list[Shift]:
+    """Each relation's move since `since_ns` (the incident's first alert), measured at the window's end.
+    Graded evidence for the first seconds of an incident, when a slow fault's relation may still be below the
+    detection threshold: the localizer counts a shift between half the threshold and the threshold as partly
+    seen. Only while the incident is younger than the step test's span (2 s): the spread it is measured in is
+    that of moves within the span; over longer times the process wanders further, and the detectors have
+    had their time."""
+    out: list[Shift] = []
+    ref_end = reference_end(w, s.reference_fraction)
+    at = int(np.searchsorted(w.t_ns, since_ns))
+    if ref_end < 2 * s.smooth or at < s.step_baseline or len(w) - at < s.smooth // 2:
+        return out
+    frame_ns = float(np.median(np.diff(w.t_ns)))
+    if w.t_ns[-1] - since_ns > (s.smooth + s.step_baseline) * frame_ns:
+        return out
+    for rel in fmea.relations:
+        r = rel.expression.evaluate(w.column)
+        if rel.expression.max_lag:
+            r[~_lag_valid(w, rel.expression.max_lag)] = np.nan
+        ref = _reference_z(_trailing_step(r, s.smooth, s.step_baseline), s.smooth + s.step_baseline, ref_end,
+                           s.step_reference)
+        before, recent = r[at - s.step_baseline:at], r[max(at, len(r) - s.smooth):]
+        if ref is None or not np.isfinite(before).any() or not np.isfinite(recent).any():
             continue
-        # onset: walk back from the crossing to where the deviation began (|z| below a third of the threshold)
-        j = i
-        while j > max(0, i - s.smooth) and abs(z[j - 1]) > s.z_threshold / 3:
-            j -= 1
-        peak = float(z[i:][np.nanargmax(np.abs(z[i:]))])
-        out.append(Event(int(w.t_ns[ref_end + j]), "anomaly", f"anomaly.relation.{rel.name}",
-                         f"{rel.name} ({rel.text or rel.expr}) moved {peak:+.1f} sigma from its reference "
-                         f"{mu:.5g}", "warning", "", rel.name, peak))
+        dev = float(np.nanmean(recent) - np.nanmean(before) - ref[0])
+        out.append(Shift(rel.name, dev / ref[1] if abs(dev) > rel.tolerance else 0.0, dev, int(w.t_ns[-1])))
     return out
 
 

@@ -2,25 +2,40 @@
 
 1. Symptoms: events grouped by code (gate alerts, PLC events, signer/update events) that changed
    against the reference part of the window, plus the detectors' anomalies over the signal window
-   (relations, stuck sensors, Granger edges, model replay).
-2. Causal graph: failure mode -> its detections, and failure mode -> effect -> the effect's detections.
-3. Score per failure mode: symptoms it predicts and that were seen (by expectation and strength),
-   required symptoms that are missing, symptoms it cannot explain, temporal precedence (a root cause's
-   own detections come first; its effects later) and the FMEA occurrence rating as a prior.
-4. Confidence: softmax over the scores. Nothing here knows which fault was injected.
+   (relations, stuck sensors, Granger edges, model replay). An event code's onset is where its burst
+   began: one isolated warning seconds before (a single clamp) is background, not the onset.
+2. Episodes: the symptoms are cut into episodes (a symptom joins the episode before it when it starts
+   before, or within 0.3 s after, that episode's last activity). An earlier episode made only of relation
+   anomalies that have returned to their band is a transient that is over (the gauge loop riding out a
+   hardness or entry-thickness swing leaves the thickness 0.03-0.05 mm off for a second or two): it is
+   listed as `cleared`, neither explained nor held against any candidate, and the incident's first alert
+   is the first symptom after it.
+3. Weak evidence, while the incident is young (within 2 s of its first alert): a relation that has moved
+   since the first alert by more than half the detection threshold but not yet past it counts as partly
+   seen, with a belief that rises linearly from 0 at half the threshold to 1 at the threshold. A slow
+   drift's second relation (the gaugemeter under a gap transducer drift of 10 um/s) needs a few seconds
+   to cross 8 sigma; a second after the first alert it is typically at 5-7 sigma, which already tells a
+   drifting transducer (gaugemeter moves) from a saturated capsule (gaugemeter stays).
+4. Causal graph: failure mode -> its detections, and failure mode -> effect -> the effect's detections.
+5. Score per failure mode: symptoms it predicts and that were seen (by expectation, strength and belief),
+   required symptoms that are missing (a weak one is missing by 1 - belief), symptoms it cannot explain,
+   temporal precedence (a root cause's own detections come first; its effects later) and the FMEA
+   occurrence rating as a prior.
+6. Confidence: softmax over the scores. Nothing here knows which fault was injected.
 """
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from .detect import DetectorSettings, Replay, detect
+from .detect import Anomaly, DetectorSettings, Replay, detect, relation_shifts
 from .events import Event, SignalWindow
 from .fmea import EXPECT_WEIGHT, Component, Detection, FailureMode, Fmea
 
 SEVERE = ("error", "critical")
 PRECEDENCE_TOLERANCE_NS = 300_000_000  # symptoms within 0.3 s of the first one count as "first"
+EPISODE_GAP_NS = 300_000_000  # a symptom starting more than 0.3 s after all before it ended opens a new episode
 
 
 @dataclass
@@ -33,6 +48,8 @@ class Symptom:
     severity: str
     value: float
     text: str
+    end_ns: int = 0  # last seen: the last event of the code, or the last sample an anomaly was outside its band
+    belief: float = 1.0  # < 1: a relation that moved since the first alert, but not yet past the threshold
 
 
 @dataclass
@@ -57,12 +74,13 @@ class Candidate:
 @dataclass
 class Diagnosis:
     candidates: list[Candidate]
-    symptoms: list[Symptom]
+    symptoms: list[Symptom]  # the incident's, in order of onset
     start_ns: int
     end_ns: int
     first_alert_ns: int | None
     localize_ms: float
     fmea: Fmea
+    cleared: list[Symptom] = field(default_factory=list)  # transients that were over before the incident began
 
     @property
     def top(self) -> Candidate | None:
@@ -72,8 +90,11 @@ class Diagnosis:
         return {"window": {"start_ns": self.start_ns, "end_ns": self.end_ns},
                 "first_alert_ns": self.first_alert_ns, "localize_ms": round(self.localize_ms, 3),
                 "symptoms": [{"code": s.code, "source": s.source, "onset_ns": s.onset_ns, "count": s.count,
-                              "strength": round(s.strength, 3), "severity": s.severity, "text": s.text}
+                              "strength": round(s.strength, 3), "belief": round(s.belief, 3), "severity": s.severity,
+                              "text": s.text}
                              for s in self.symptoms],
+                "cleared": [{"code": s.code, "onset_ns": s.onset_ns, "end_ns": s.end_ns, "text": s.text}
+                            for s in self.cleared],
                 "ranking": [c.as_dict() for c in self.candidates[:limit]] if self.symptoms else []}
 
 
@@ -81,6 +102,20 @@ def _event_strength(count: int, severity: str) -> float:
     if severity in SEVERE:
         return 1.0
     return min(1.0, math.log10(1 + count) / 2.0)  # 1 alert 0.15, 10 alerts 0.5, 100 and more 1.0
+
+
+BURST_NS = 1_000_000_000
+
+
+def _burst_start(recent: list[Event], severity: str) -> Event:
+    """The event where a code's burst began: an isolated warning before it (one clamp seconds earlier) is
+    background, not the onset. An error or critical event is an onset by itself."""
+    if severity in SEVERE:
+        return recent[0]
+    for e, nxt in zip(recent, recent[1:]):
+        if nxt.t_ns - e.t_ns <= BURST_NS:
+            return e
+    return recent[0]
 
 
 def event_symptoms(events: list[Event], start_ns: int, end_ns: int, reference_fraction: float) -> list[Symptom]:
@@ -105,22 +140,58 @@ def event_symptoms(events: list[Event], start_ns: int, end_ns: int, reference_fr
         if severity not in SEVERE or in_reference:
             if len(recent) / recent_s <= 2.0 * in_reference / ref_s + 0.5:
                 continue
-        first = recent[0]
+        first = _burst_start(recent, severity)
         out.append(Symptom(code, first.source, first.t_ns, len(recent), _event_strength(len(recent), severity),
-                           severity, first.value, first.text))
+                           severity, first.value, first.text, recent[-1].t_ns))
     return out
 
 
-def anomaly_symptoms(anomalies: list[Event], threshold: float) -> list[Symptom]:
-    out = {}
+def anomaly_symptoms(anomalies: list[Event], threshold: float, end_ns: int) -> list[Symptom]:
+    """One symptom per anomaly (a relation can have several excursions; `merge` joins a code's after the
+    episodes are known). Only relation anomalies carry a measured end; a frozen sensor, a lost Granger edge
+    or a replay mismatch count as lasting to `end_ns`."""
+    out = []
     for a in anomalies:
         if a.code.startswith("anomaly.relation."):
             strength = min(1.0, 0.5 + abs(a.value) / (8 * threshold))
         else:
             strength = 1.0
-        if a.code not in out or a.t_ns < out[a.code].onset_ns:
-            out[a.code] = Symptom(a.code, a.source, a.t_ns, 1, strength, a.severity, a.value, a.text)
-    return list(out.values())
+        end = a.end_ns if isinstance(a, Anomaly) else end_ns
+        out.append(Symptom(a.code, a.source, a.t_ns, 1, strength, a.severity, a.value, a.text, end))
+    return out
+
+
+def merge(symptoms: list[Symptom]) -> list[Symptom]:
+    """One symptom per code: the first one's onset and text, the strongest one's strength and value (its sign
+    is the direction), the count of occurrences and the last end."""
+    out: dict[str, Symptom] = {}
+    for s in sorted(symptoms, key=lambda s: s.onset_ns):
+        m = out.get(s.code)
+        if m is None:
+            out[s.code] = replace(s)
+            continue
+        if s.strength > m.strength or (s.strength == m.strength and abs(s.value) > abs(m.value)):
+            m.strength, m.value = s.strength, s.value
+        m.count += s.count
+        m.end_ns = max(m.end_ns, s.end_ns)
+    return sorted(out.values(), key=lambda s: s.onset_ns)
+
+
+def split_cleared(symptoms: list[Symptom]) -> tuple[list[Symptom], list[Symptom]]:
+    """(the incident's symptoms, transients over before it): symptoms in order of onset are cut into episodes;
+    an episode before the last one that holds only relation anomalies, all back in their band, is over. An
+    episode with any other kind of symptom (an alert, a PLC error, a frozen sensor) always stays: an event
+    says nothing about the state having returned to normal."""
+    episodes: list[list[Symptom]] = []
+    last_ns = None
+    for s in symptoms:
+        if last_ns is None or s.onset_ns > last_ns + EPISODE_GAP_NS:
+            episodes.append([])
+            last_ns = s.end_ns
+        episodes[-1].append(s)
+        last_ns = max(last_ns, s.end_ns)
+    cleared = [s for ep in episodes[:-1] if all(x.code.startswith("anomaly.relation.") for x in ep) for s in ep]
+    return [s for s in symptoms if s not in cleared], cleared
 
 
 def _hits(d: Detection, symptoms: list[Symptom]) -> list[Symptom]:
@@ -139,29 +210,34 @@ def score(component: Component, mode: FailureMode, fmea: Fmea, symptoms: list[Sy
     for d in mode.detections:
         w = EXPECT_WEIGHT[d.expect]
         hits = _hits(d, symptoms)
-        if hits:
-            best = max(hits, key=lambda s: s.strength)
-            cand.score += w * (1.0 + best.strength)
-            own += hits
+        best = max(hits, key=lambda s: (s.belief, s.strength)) if hits else None
+        seen = best.belief if best else 0.0  # a weak (sub-threshold) hit is partly seen, partly missing
+        if best:
+            cand.score += seen * w * (1.0 + best.strength)
+            own += [s for s in hits if s.belief == 1.0]
             for s in hits:
                 explained[s.code] = s
-                cand.evidence.append(f"seen {s.code} at {_ago(s.onset_ns, first_ns)}: {s.text}")
-        elif d.expect == "required":
-            cand.score -= 2.0 * w
+                if s.belief < 1.0:
+                    cand.evidence.append(f"weak {s.code} ({s.belief:.0%} of the way to the threshold): {s.text}")
+                else:
+                    cand.evidence.append(f"seen {s.code} at {_ago(s.onset_ns, first_ns)}: {s.text}")
+        if seen < 1.0 and d.expect == "required":
+            cand.score -= (1.0 - seen) * 2.0 * w
             cand.missing.append(d.code)
-            cand.evidence.append(f"missing {d.code} (required by this failure mode)")
-        elif d.expect == "likely":
-            cand.score -= 0.5 * w
+            if not best:
+                cand.evidence.append(f"missing {d.code} (required by this failure mode)")
+        elif seen < 1.0 and d.expect == "likely":
+            cand.score -= (1.0 - seen) * 0.5 * w
             cand.missing.append(d.code)
     for effect_id in mode.effects:
         for d in fmea.effect(effect_id).detections:
             for s in _hits(d, symptoms):
                 if s.code not in explained:
                     explained[s.code] = s
-                    cand.score += 0.3 * EXPECT_WEIGHT[d.expect] * s.strength
+                    cand.score += 0.3 * EXPECT_WEIGHT[d.expect] * s.strength * s.belief
                     cand.evidence.append(f"effect {effect_id}: {s.code} at {_ago(s.onset_ns, first_ns)}")
     unexplained = [s for s in symptoms if s.code not in explained]
-    cand.score -= sum(s.strength for s in unexplained)
+    cand.score -= sum(s.strength * s.belief for s in unexplained)
     if own:
         lead = min(own, key=lambda s: s.onset_ns)
         own_first = lead.onset_ns
@@ -179,6 +255,34 @@ def score(component: Component, mode: FailureMode, fmea: Fmea, symptoms: list[Sy
     return cand
 
 
+def first_alert(symptoms: list[Symptom]) -> int | None:
+    """The incident's first alert: its earliest symptom with a measured onset (a Granger anomaly's time is the
+    start of the stretch it was tested on, a weak symptom's the time it was measured)."""
+    timed = [s.onset_ns for s in symptoms if not s.code.startswith("anomaly.granger.") and s.belief == 1.0]
+    return min(timed) if timed else (symptoms[0].onset_ns if symptoms else None)
+
+
+def weak_symptoms(fmea: Fmea, window: SignalWindow | None, symptoms: list[Symptom],
+                  settings: DetectorSettings) -> list[Symptom]:
+    """Relations without a symptom that moved since the incident's first alert by more than half the detection
+    threshold: belief rises linearly from 0 at half the threshold to 1 at the threshold."""
+    if window is None or not len(window) or not symptoms:
+        return []
+    have = {s.code for s in symptoms}
+    half = settings.z_threshold / 2
+    out = []
+    for sh in relation_shifts(fmea, window, first_alert(symptoms), settings):
+        code = f"anomaly.relation.{sh.relation}"
+        if code in have or abs(sh.z) <= half:
+            continue
+        belief = min(1.0, (abs(sh.z) - half) / half)
+        rel = next(r for r in fmea.relations if r.name == sh.relation)
+        out.append(Symptom(code, "anomaly", sh.t_ns, 1, min(1.0, 0.5 + abs(sh.z) / (8 * settings.z_threshold)),
+                           "warning", sh.z, f"{rel.name} ({rel.text or rel.expr}) moved {sh.z:+.1f} sigma since the "
+                           f"first alert (threshold {settings.z_threshold:g})", sh.t_ns, belief))
+    return out
+
+
 def localize(fmea: Fmea, events: list[Event], window: SignalWindow | None, *, start_ns: int | None = None,
              end_ns: int | None = None, inputs: list[str] | None = None, replay: Replay | None = None,
              settings: DetectorSettings = DetectorSettings()) -> Diagnosis:
@@ -194,8 +298,11 @@ def localize(fmea: Fmea, events: list[Event], window: SignalWindow | None, *, st
                               window.command[keep], window.failsafe[keep], window.meta)
     anomalies = detect(fmea, window, inputs=inputs, replay=replay, settings=settings)
     symptoms = event_symptoms(events, start_ns, end_ns, settings.reference_fraction)
-    symptoms += anomaly_symptoms(anomalies, settings.z_threshold)
+    symptoms += anomaly_symptoms(anomalies, settings.z_threshold, end_ns)
     symptoms.sort(key=lambda s: s.onset_ns)
+    symptoms, cleared = split_cleared(symptoms)
+    symptoms = merge(symptoms)
+    symptoms += weak_symptoms(fmea, window, symptoms, settings)
     candidates: list[Candidate] = []
     if symptoms:
         candidates = [score(c, m, fmea, symptoms) for c, m in fmea.failure_modes]
@@ -205,8 +312,8 @@ def localize(fmea: Fmea, events: list[Event], window: SignalWindow | None, *, st
         for c, w in zip(candidates, weights):
             c.confidence = w / total
         candidates.sort(key=lambda c: -c.score)
-    first = symptoms[0].onset_ns if symptoms else None
-    return Diagnosis(candidates, symptoms, start_ns, end_ns, first, (time.perf_counter() - t0) * 1e3, fmea)
+    first = first_alert(symptoms)
+    return Diagnosis(candidates, symptoms, start_ns, end_ns, first, (time.perf_counter() - t0) * 1e3, fmea, cleared)
 
 
 def baseline_ranking(fmea: Fmea, events: list[Event]) -> list[str]:

@@ -27,11 +27,15 @@ def to_text(d: Diagnosis, limit: int = 3) -> str:
     if not d.symptoms:
         lines.append("  no symptoms: every relation, sensor and gate looks like its reference; nothing to attribute")
         return "\n".join(lines)
-    first = d.symptoms[0].onset_ns
-    lines.append(f"symptoms (first at {_clock(first)}):")
+    first = d.first_alert_ns if d.first_alert_ns is not None else d.symptoms[0].onset_ns
+    for s in d.cleared:
+        lines.append(f"cleared before the incident: {s.code} {(s.onset_ns - first) / 1e9:+.2f} s .. "
+                     f"{(s.end_ns - first) / 1e9:+.2f} s  {s.text[:80]}")
+    lines.append(f"symptoms (first alert at {_clock(first)}):")
     for s in d.symptoms:
         count = f" x{s.count}" if s.count > 1 else ""
-        lines.append(f"  +{(s.onset_ns - first) / 1e9:6.2f} s  {s.code}{count}  {s.text[:100]}")
+        weak = f" (weak, {s.belief:.0%})" if s.belief < 1.0 else ""
+        lines.append(f"  {(s.onset_ns - first) / 1e9:+7.2f} s  {s.code}{count}{weak}  {s.text[:100]}")
     lines.append("likely root causes:")
     for rank, c in enumerate(d.candidates[:limit], 1):
         m = c.mode
@@ -72,7 +76,7 @@ def to_dot(d: Diagnosis) -> str:
     if not d.symptoms:
         out.append('  none [shape=note, label="no symptoms in the window"];')
         return "\n".join(out + ["}"]) + "\n"
-    first = d.symptoms[0].onset_ns
+    first = d.first_alert_ns if d.first_alert_ns is not None else d.symptoms[0].onset_ns
     seen = {s.code: s for s in d.symptoms}
     nodes: set[str] = set()
     edges: set[tuple[str, str]] = set()
@@ -94,7 +98,8 @@ def to_dot(d: Diagnosis) -> str:
         if s is None:
             return node("sym:" + code, f'shape=box, style="rounded,dashed", color="#999999", fontcolor="#999999", '
                                        f'label={_q(_wrap(code) + chr(10) + "(not seen)")}')
-        label = f"{_wrap(code)}\\n+{(s.onset_ns - first) / 1e9:.2f} s" + (f"  x{s.count}" if s.count > 1 else "")
+        label = f"{_wrap(code)}\\n{(s.onset_ns - first) / 1e9:+.2f} s" + (f"  x{s.count}" if s.count > 1 else "") + \
+            (f"\\nweak ({s.belief:.0%})" if s.belief < 1.0 else "")
         fill = "#fde0c5" if s.onset_ns == first else "#fff4d6"
         return node("sym:" + code, f'shape=box, style="rounded,filled", fillcolor="{fill}", label={_q(label)}')
 

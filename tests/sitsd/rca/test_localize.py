@@ -8,7 +8,8 @@ import pytest
 
 from plc.simulator.faults import FAULT_KINDS, FaultError, FaultSpec, parse_fault
 from sitsd.rca.detect import model_replay
-from sitsd.rca.localize import baseline_ranking, localize
+from sitsd.rca.events import Event
+from sitsd.rca.localize import Symptom, baseline_ranking, event_symptoms, localize, score, split_cleared
 
 CASES = [
     (FaultSpec("stuck_sensor", 20.5, signal="exit_thickness", seed=7), 7, "exit_gauge.stuck"),
@@ -40,6 +41,82 @@ def test_injected_cause_ranks_first_with_evidence(runner, fmea, results, spec, s
     assert top.confidence > 0.3 and top.confidence == max(c.confidence for c in d.candidates)
     assert any(line.startswith("seen ") for line in top.evidence)
     assert abs(sum(c.confidence for c in d.candidates) - 1.0) < 1e-9
+
+
+@pytest.mark.parametrize("spec, seed, cause", CASES, ids=[c[2] for c in CASES])
+def test_one_second_after_the_first_alert_the_cause_already_ranks_first(runner, fmea, results, spec, seed, cause):
+    # what the daemon would have held 1 s after the incident's first alert: events up to then, a window ending then
+    result = results[spec]
+    first = _diagnose(runner, fmea, result).first_alert_ns
+    assert first is not None
+    cut = first + 10**9
+    d = localize(fmea, [e for e in result.events if e.t_ns <= cut], result.window, start_ns=cut - 20 * 10**9,
+                 end_ns=cut, inputs=list(runner.cfg.model.inputs), replay=model_replay(runner.model))
+    assert d.end_ns == cut and all(s.onset_ns <= cut for s in d.symptoms)
+    assert d.candidates[0].mode.id == cause, [(c.mode.id, round(c.score, 2)) for c in d.candidates[:4]]
+
+
+def _symptom(code, onset_s, end_s, source="anomaly", belief=1.0, value=10.0):
+    return Symptom(code, source, int(onset_s * 1e9), 1, 1.0, "warning", value, code, int(end_s * 1e9), belief)
+
+
+def test_a_transient_that_was_over_before_the_incident_is_cleared():
+    excursion = _symptom("anomaly.relation.thickness_error", 10.0, 11.5)
+    stuck = _symptom("anomaly.stuck.entry_thickness", 12.0, 20.0)
+    kept, cleared = split_cleared([excursion, stuck])
+    assert kept == [stuck] and cleared == [excursion]
+    # still out when the next symptom began (within 0.3 s): one episode, both count
+    overlapping = _symptom("anomaly.relation.thickness_error", 10.0, 11.8)
+    assert split_cleared([overlapping, stuck]) == ([overlapping, stuck], [])
+    # an alert or a PLC event has no measured end: never set aside
+    plc = _symptom("plc.S7.IO.STATION_FAILURE", 10.0, 10.0, source="plc")
+    assert split_cleared([plc, stuck]) == ([plc, stuck], [])
+    # nothing after it: a lone excursion is the incident
+    assert split_cleared([excursion]) == ([excursion], [])
+
+
+def test_an_event_codes_onset_is_where_its_burst_began():
+    def ev(t_s, severity="warning"):
+        return Event(int(t_s * 1e9), "gate", "safety.roll_gap_correction", "clamped", severity)
+
+    lone = [ev(11.0)]
+    burst = [ev(14.0 + 0.01 * k) for k in range(100)]
+    (s,) = event_symptoms(lone + burst, 0, int(20e9), 0.4)
+    assert s.onset_ns == burst[0].t_ns and s.count == 101 and s.end_ns == burst[-1].t_ns
+    (e,) = event_symptoms([ev(11.0, "error")] + burst, 0, int(20e9), 0.4)
+    assert e.onset_ns == int(11.0 * 1e9)  # an error is an onset by itself
+
+
+def test_a_weak_relation_counts_part_way_between_missing_and_seen(fmea):
+    comp, mode = next((c, m) for c, m in fmea.failure_modes if m.id == "gap_sensor.drift")
+    tracking = _symptom("anomaly.relation.actuator_tracking", 20.0, 21.0, value=90.0)
+
+    def gauge(belief):
+        return [_symptom("anomaly.relation.gaugemeter", 21.0, 21.0, belief=belief, value=-6.0)] if belief else []
+
+    scores = [score(comp, mode, fmea, [tracking] + gauge(b)).score for b in (0.0, 0.25, 0.5, 1.0)]
+    assert scores == sorted(scores) and len(set(scores)) == 4
+    weak = score(comp, mode, fmea, [tracking] + gauge(0.5))
+    assert any(line.startswith("weak anomaly.relation.gaugemeter") for line in weak.evidence)
+    # a weak symptom another candidate cannot explain costs it only its belief's share
+    sat_comp, sat = next((c, m) for c, m in fmea.failure_modes if m.id == "hydraulic_gap.saturation")
+    costs = [score(sat_comp, sat, fmea, [tracking] + gauge(b)).score for b in (0.0, 0.5, 1.0)]
+    assert costs[0] > costs[1] > costs[2]
+
+
+def test_a_cleared_excursion_is_shown_apart_from_the_incident(runner, fmea, results):
+    from sitsd.rca.render import to_dot, to_text
+
+    # seed 10's stand rides out a thickness swing a few seconds before the capsule saturates
+    spec = next(s for s in results if s.kind == "actuator_saturation")
+    d = _diagnose(runner, fmea, results[spec])
+    assert [s.code for s in d.cleared] == ["anomaly.relation.thickness_error"]
+    assert all(s.end_ns < d.first_alert_ns for s in d.cleared)
+    assert d.first_alert_ns == min(s.onset_ns for s in d.symptoms if not s.code.startswith("anomaly.granger."))
+    assert d.as_dict()["cleared"][0]["code"] == "anomaly.relation.thickness_error"
+    text = to_text(d)
+    assert "cleared before the incident: anomaly.relation.thickness_error" in text
+    assert d.top.mode.id == "hydraulic_gap.saturation" and '"mode:hydraulic_gap.saturation"' in to_dot(d)
 
 
 def test_the_localizer_never_sees_the_label(runner, fmea, results):
