@@ -144,28 +144,42 @@ def demo_variants(artifact: Path, with_torch: bool) -> dict:
     return out
 
 
-def demo_per_call(artifact: Path, calls: int, with_torch: bool) -> tuple[dict, float]:
-    variants = demo_variants(artifact, with_torch)
-    inputs = np.random.default_rng(5).uniform(DEMO_LO, DEMO_HI, (512, 6)).astype(np.float32)
-    outs = {}
+def run_outputs(variants: dict, inputs: np.ndarray) -> dict[str, list[np.ndarray]]:
+    """Each variant once per input row (the warm-up), its outputs kept for the error comparison."""
+    outs: dict[str, list[np.ndarray]] = {}
     for n, (x, call) in variants.items():
         outs[n] = []
         for row in inputs:
             x[0] = row
             outs[n].append(np.array(call(), copy=True).reshape(-1))
-    if with_torch and not np.allclose(np.stack(outs["torch"]), np.stack(outs["ort"]), atol=1e-5):
-        raise SystemExit("bench: the torch demo model disagrees with the ONNX one (weights not loaded?)")
-    times = {n: [] for n in variants}
+    return outs
+
+
+def time_interleaved(variants: dict, inputs: np.ndarray, calls: int) -> dict[str, list[int]]:
+    """`calls` timed calls per variant in 20 rounds, the order reversed every other round, so load drift
+    hits every variant alike; ns per call."""
+    names = list(variants)
+    times: dict[str, list[int]] = {n: [] for n in names}
     clock, per = time.perf_counter_ns, max(1, calls // 20)
     for r in range(20):
-        for n in (list(variants) if r % 2 == 0 else list(variants)[::-1]):
+        for n in (names if r % 2 == 0 else names[::-1]):
             x, call = variants[n]
             t = times[n]
             for i in range(per):
-                x[0] = inputs[i % 512]
+                x[0] = inputs[i % len(inputs)]
                 t0 = clock()
                 call()
                 t.append(clock() - t0)
+    return times
+
+
+def demo_per_call(artifact: Path, calls: int, with_torch: bool) -> tuple[dict, float]:
+    variants = demo_variants(artifact, with_torch)
+    inputs = np.random.default_rng(5).uniform(DEMO_LO, DEMO_HI, (512, 6)).astype(np.float32)
+    outs = run_outputs(variants, inputs)
+    if with_torch and not np.allclose(np.stack(outs["torch"]), np.stack(outs["ort"]), atol=1e-5):
+        raise SystemExit("bench: the torch demo model disagrees with the ONNX one (weights not loaded?)")
+    times = time_interleaved(variants, inputs, calls)
     err = float(np.abs(np.stack(outs["ours"]) - np.stack(outs["ort"])).max())
     return {n: stats(t) for n, t in times.items()}, err
 
@@ -179,23 +193,8 @@ def per_call(fp32: Path, artifact: Path, calls: int, with_torch: bool) -> tuple[
     names = ["ort", "ours", "ours-int8"] + (["torch"] if with_torch else [])
     variants = {n: make_variant(n, fp32, artifact) for n in names}
     inputs = np.random.default_rng(1).standard_normal((512, WIDTHS[0])).astype(np.float32)
-    times: dict[str, list[int]] = {n: [] for n in names}
-    outs: dict[str, list[np.ndarray]] = {n: [] for n in names}
-    for n, (x, call) in variants.items():  # warm-up, and the outputs for the error
-        for row in inputs:
-            x[0] = row
-            outs[n].append(np.array(call(), copy=True).reshape(-1))
-    rounds, per = 20, max(1, calls // 20)
-    clock = time.perf_counter_ns
-    for r in range(rounds):
-        for n in (names if r % 2 == 0 else names[::-1]):
-            x, call = variants[n]
-            t = times[n]
-            for i in range(per):
-                x[0] = inputs[i % 512]
-                t0 = clock()
-                call()
-                t.append(clock() - t0)
+    outs = run_outputs(variants, inputs)  # warm-up, and the outputs for the error
+    times = time_interleaved(variants, inputs, calls)
     ref = np.stack(outs["ort"])
     err = float(np.abs(np.stack(outs["ours"]) - ref).max())
     stats_err = {"ours-int8": float(np.abs(np.stack(outs["ours-int8"]) - ref).max())}

@@ -36,6 +36,7 @@ _ALERT_KINDS = {
     "reload": ("update", "update.reload"),
     "model_swap": ("update", "update.model"),
     "rollback": ("update", "update.rollback"),
+    "persisted_update": ("update", "update.persisted"),  # a persisted hot swap rejected at start (sitsd/persist.py)
     "tpm": ("signer", "signer.tpm"),
 }
 _DETAILED = {"timestamp", "constraint", "safety"}  # the text before ':' names the rule or reason
