@@ -70,6 +70,17 @@ class TpmPcr:
         with self._lock:
             return read_pcrs(self._esapi(), [self.pcr])[self.pcr]
 
+    def reset(self) -> None:
+        """TPM2_PCR_Reset (PCR 16 and 23 only at locality 0): the log then explains the PCR from zero."""
+        from .tpm.signer import _tss
+
+        with self._lock:
+            try:
+                self._esapi().pcr_reset(getattr(_tss().ESYS_TR, f"PCR{self.pcr}"))
+            except Exception as exc:  # TSS2_Exception: not resettable at this locality, or the TPM is gone
+                raise MeasurementError(f"TPM2_PCR_Reset of PCR {self.pcr} failed: {exc} (only PCR 16 and 23 are "
+                                       "resettable at locality 0)") from exc
+
     def extend(self, digest: bytes) -> bytes:
         from .tpm.quote import extend_pcr
 

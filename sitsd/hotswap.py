@@ -448,6 +448,10 @@ def _measurement_log(daemon):
         # share the signer's ESAPI context and lock: a second connection to swtpm would wait forever
         opener = getattr(signer, "_open_esapi", None) or (lambda: signer._esapi)
         tpm = TpmPcr(opener, pcr, signer._lock)
+        # every start measures from reset: the PCR then equals the replay of this start's log alone, whatever an
+        # earlier incarnation (killed, restarted by systemd) or a deploy left in it, so verify-on-boot holds
+        # across restarts (PCR 23 is resettable by anyone at locality 0 anyway: docs/deploy.md, Limits)
+        tpm.reset()
     return MeasurementLog(path, pcr, tpm)
 
 

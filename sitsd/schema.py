@@ -351,7 +351,8 @@ class AttestationSection(_Section):
     ak_handle: int = Field(default=0x81000002, ge=0x81000000, le=0x81FFFFFF,
                            description="restricted attestation key that quotes the session key")
     measurement_pcr: int = Field(default=23, ge=0, le=23,
-                                 description="PCR extended with every deployed model, module and config (hot swaps)")
+                                 description="PCR extended with every deployed model, module and config (hot swaps); "
+                                 "16 or 23, the PCRs software may reset at locality 0: sitsd resets it at start")
     # measured deployment (`sitsctl deploy`, docs/deploy.md); paths are relative to the config's directory
     verify_on_boot: bool = Field(default=False, description="refuse to start (sign nothing) unless a quote over "
                                  "the daemon's measurements matches the deployment `sitsctl deploy` staged")
@@ -366,6 +367,15 @@ class AttestationSection(_Section):
     def _tcti(self):
         if self.mode == "tpm2" and not self.tcti:
             raise ValueError("mode tpm2 needs tcti: device:/dev/tpmrm0 for a real TPM, swtpm:path=<socket> for swtpm")
+        return self
+
+    @model_validator(mode="after")
+    def _measurement_pcr(self):
+        if self.measurement_pcr not in (16, 23):
+            raise ValueError(f"measurement_pcr {self.measurement_pcr}: use 23 (or 16), a PCR that can be reset at "
+                             "locality 0; sitsd resets it at every start and replays its measurements from zero")
+        if self.mode == "tpm2" and self.signing == "tpm-session" and self.measurement_pcr == 16:
+            raise ValueError("measurement_pcr 16 is the PCR the tpm-session signer binds its session key to; use 23")
         return self
 
     @model_validator(mode="after")

@@ -484,3 +484,29 @@ def test_streaming_config_is_approved_deployed_and_verified_on_boot(swtpm, tmp_p
                        text=True, timeout=120, cwd=REPO)
     assert r.returncode == 1
     assert "verify-on-boot: what sitsd loaded differs from the verified deployment" in r.stderr, r.stderr[-2000:]
+
+
+def test_verify_on_boot_survives_kill_9_and_restart(plcsim, swtpm, tmp_path, vendor, capsys):
+    """systemd restarts sitsd after a crash: each start resets the measurement PCR and measures from zero, so
+    the restarted daemon verifies against the same deployment (before, the first start's extensions stayed in
+    PCR 23 and every restart was refused until a reboot or a new deploy)."""
+    from ep.session import sha256_file
+
+    rc, out, err = deploy_in_process(capsys, tmp_path, vendor, swtpm.tcti)
+    assert rc == 0, out + err
+    ak = tmp_path / "ak.pem"
+    ak.write_text(staged(tmp_path)["ak_public_pem"])
+    endpoint, udp_url, _ = plcsim(ak, model_sha256=sha256_file(DEMO_MODEL).hex(), session=True)
+    args = sitsd_args(EXAMPLE_CONFIG, plc__endpoint=endpoint, transport__url=udp_url, attestation__tcti=swtpm.tcti,
+                      plc__security="none", attestation__approval=vendor["approval"],
+                      attestation__authority_key=vendor["pub"], audit__directory=tmp_path / "audit",
+                      control__socket=tmp_path / "c.sock")
+    for start in range(3):
+        log = tmp_path / f"sitsd-{start}.log"
+        proc = subprocess.Popen(args, stderr=open(log, "wb"), cwd=REPO)
+        try:
+            wait_ready(proc, log)
+            assert "deployment verified on boot" in log.read_text(), log.read_text()[-2000:]
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
