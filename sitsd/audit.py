@@ -148,6 +148,26 @@ class AuditLog:
                 self._queue_closed(f)
         if previous and (self.retention_s or self.max_total_bytes):
             self._queue_closed(None)  # apply retention once at start
+        self._dirty = True  # written since the last fsync (the segment header, so far)
+        self._stop_flusher = threading.Event()
+        self._flusher: threading.Thread | None = None
+        if self.fsync == "interval":
+            # the promise is "at most the last second": a record written and then followed by silence (PLC down,
+            # commands held) must still reach the disk within a second, not at the next record
+            self._flusher = threading.Thread(target=self._flush_loop, name="sits-audit-fsync", daemon=True)
+            self._flusher.start()
+
+    def _flush_loop(self) -> None:
+        while not self._stop_flusher.wait(0.25):
+            with self._lock:
+                if self._dirty and not self._fh.closed and time.monotonic() - self._last_sync >= 1.0:
+                    try:
+                        os.fsync(self._fh.fileno())
+                    except OSError as exc:  # the next write reports the disk; keep trying
+                        self.housekeeping_error = f"fsync of {self.path}: {exc.strerror or exc}"
+                        continue
+                    self._dirty = False
+                    self._last_sync = time.monotonic()
 
     def _open_segment(self, previous: Path | None, at_start: bool = False) -> None:
         number = int(_SEGMENT.match(previous.name).group(1)) + 1 if previous else 1
@@ -185,6 +205,9 @@ class AuditLog:
         if self.fsync == "every" or (self.fsync == "interval" and now - self._last_sync > 1.0):
             os.fsync(self._fh.fileno())
             self._last_sync = now
+            self._dirty = False
+        else:
+            self._dirty = True
         return digest
 
     @property
@@ -274,6 +297,9 @@ class AuditLog:
             return self._idle.wait_for(lambda: self._pending == 0, timeout_s)
 
     def close(self) -> None:
+        self._stop_flusher.set()
+        if self._flusher is not None and self._flusher is not threading.current_thread():
+            self._flusher.join(timeout=5)
         with self._lock:
             if not self._fh.closed:
                 try:
@@ -391,7 +417,7 @@ def audit_files(target: str | os.PathLike) -> list[Path]:
     crash left both the plain and the compressed copy of one segment, the compressed one counts."""
     p = Path(target)
     if not p.is_dir():
-        return [p]
+        return [p] if p.exists() else []
     by_number: dict[int, Path] = {}
     for f in p.glob("commands-*.jsonl*"):
         m = _SEGMENT.match(f.name)

@@ -102,6 +102,10 @@ def _cmd_audit(args) -> int:
     from .audit import segment_header as _audit_header
 
     target = args.path or Path(load_audit_dir(args))
+    if not Path(target).exists():
+        print(f"sitsctl audit: {target} does not exist (give the audit directory, audit.directory in the config, "
+              "or one segment file)", file=sys.stderr)
+        return 2
     files = audit_files(target)
     if not files:
         print(f"sitsctl audit: no audit files (commands-*.jsonl[.zst]) in {target}", file=sys.stderr)

@@ -77,8 +77,11 @@ class ControlAccess:
 
     def check(self, command: str, peer: Peer | None) -> str | None:
         """None if allowed, else the reason (sent back to the client)."""
-        if command in READ_ONLY or peer is None or self.is_operator(peer):
+        if command in READ_ONLY or (peer is not None and self.is_operator(peer)):
             return None
+        if peer is None:  # no SO_PEERCRED answer: nothing says who asks, so only read-only commands (fail closed)
+            return (f"command {command!r} needs the operator role and the kernel did not report the peer's "
+                    f"credentials (SO_PEERCRED); read-only commands: {', '.join(sorted(READ_ONLY))}")
         group = (f"not in group {self.operator_group}" if self._gid is not None else
                  f"group {self.operator_group!r} does not exist" if self.operator_group else
                  "no control.operator_group is configured")

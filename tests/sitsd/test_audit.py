@@ -50,6 +50,10 @@ def test_truncation_and_cli(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "sitsd.cli", "audit", "verify", str(tmp_path)],
                          capture_output=True, text=True, timeout=60, cwd=REPO)
     assert bad.returncode == 1 and "truncated record" in bad.stderr
+    missing = subprocess.run([sys.executable, "-m", "sitsd.cli", "audit", "verify", str(tmp_path / "nowhere")],
+                             capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert missing.returncode == 2 and "nowhere does not exist" in missing.stderr
+    assert "Traceback" not in missing.stderr
 
 
 def test_segments_chain_across_restarts_and_name_a_crash_cut(tmp_path):
@@ -105,6 +109,34 @@ def test_fsync_policy_is_checked(tmp_path):
     log.append({"seq": 1})
     log.close()
     assert verify_chain(log.path) == 1
+
+
+def test_interval_policy_fsyncs_the_last_record_when_no_further_record_comes(tmp_path, monkeypatch):
+    """The written promise: under `interval` a power loss loses at most the last second, also when the
+    commands stop after a record (before, it waited for the next record to fsync)."""
+    import os
+    import time
+
+    import sitsd.audit as audit
+
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(audit.os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    log = AuditLog(tmp_path, fsync="interval")
+    try:
+        fd = log._fh.fileno()
+        time.sleep(1.1)  # past the interval: the next append fsyncs inline
+        log.append({"seq": 1})
+        inline = synced.count(fd)
+        log.append({"seq": 2})  # within the second: left for the background flush
+        assert synced.count(fd) == inline
+        deadline = time.monotonic() + 10
+        while synced.count(fd) == inline:  # no further record: the flusher must sync it
+            assert time.monotonic() < deadline, "the last record was never fsynced"
+            time.sleep(0.05)
+    finally:
+        log.close()
+    assert verify_chain(log.path) == 2
 
 
 # -- segments: rotation, zstd compression, retention ---------------------------------------------

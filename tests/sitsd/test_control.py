@@ -93,3 +93,6 @@ def test_access_rules_without_a_daemon():
     missing = ControlAccess("no-such-group-sits")
     assert "does not exist" in missing.check("rollback", Peer(1, NOBODY, NOBODY))
     assert {"status", "events"} <= READ_ONLY and "reload" not in READ_ONLY
+    # no peer credentials: read-only commands only (fail closed)
+    assert access.check("status", None) is None
+    assert "did not report the peer's credentials" in access.check("update", None)
