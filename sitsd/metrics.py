@@ -194,7 +194,14 @@ class DaemonCollector:
                        loop.ts_gate.lost if loop is not None else 0)
         yield _counter("sitsd_clamped_commands", "Model outputs changed by the safety envelope.",
                        loop.safety.clamped if loop is not None else 0)
-        yield _counter("sitsd_model_swaps", "Model hot swaps since start.", float(getattr(d, "swap_count", 0) or 0))
+        history = list(d.hotswap.history) if getattr(d, "hotswap", None) is not None else []
+        yield _counter("sitsd_model_swaps", "Model hot swaps since start (updates and rollbacks of the model).",
+                       float(sum(1 for r in history if r.component == "model")))
+        swaps: dict[tuple[str, str], float] = {}
+        for r in history:
+            swaps[(r.action, r.component)] = swaps.get((r.action, r.component), 0.0) + 1.0
+        yield _counter("sitsd_swaps", "Hot swaps and rollbacks since start, by action and component.", None,
+                       ["action", "component"], swaps)
 
         up = GaugeMetricFamily("sitsd_uptime_seconds", "Seconds since the daemon was created.")
         up.add_metric([], time.monotonic() - getattr(d, "_started", time.monotonic()))
@@ -210,9 +217,11 @@ class DaemonCollector:
                                      labels=["kind", "key_id"])
             info.add_metric([str(getattr(signer, "kind", "")), signer.key_id.hex()], 1.0)
             yield info
-        if d.model is not None:
+        if d.model is not None:  # the model that runs now: a hot swap changes it
+            st = loop.stage_set if loop is not None else None
             model = GaugeMetricFamily("sitsd_model_info", "The model in the loop.", labels=["sha256", "artifact"])
-            model.add_metric([d.model.sha256.hex(), str(d.cfg.model.artifact)], 1.0)
+            model.add_metric([st.model_sha256.hex() if st is not None else d.model.sha256.hex(),
+                              str(st.model_path) if st is not None else str(d.cfg.model.artifact)], 1.0)
             yield model
         prover = getattr(d, "prover", None)
         proofs = prover.status() if prover is not None else None

@@ -126,7 +126,7 @@ def test_scrape_matches_the_daemon_and_is_cumulative(running):
     assert value(fam, "sitsd_model_info", "", sha256=daemon.model.sha256.hex()) == 1.0
     assert value(fam, "sitsd_uptime_seconds", "") >= 3.0
     assert value(fam, "sitsd_proof_backlog", "") == 0.0
-    assert value(fam, "sitsd_model_swaps") == 0.0
+    assert value(fam, "sitsd_model_swaps") == 0.0  # (a later test swaps the model)
     assert value(fam, "sitsd_timing_rows_lost") == 0.0
 
     # the latency histogram counts exactly the acknowledged commands among the rows it folded in
@@ -190,6 +190,30 @@ def test_top_shows_the_numbers_of_the_running_daemon(running):
     assert len(p50) == 2 and 0 < float(p50[-1][0]) <= float(p50[-1][1]) <= float(p50[-1][2])
     for stage in STAGES:
         assert re.search(rf"^  {stage} +-?[\d.]+ +-?[\d.]+ +-?[\d.]+$", text, re.M), stage
+
+
+def test_a_model_swap_and_its_rollback_show_in_the_metrics(running, tmp_path):
+    """sitsd_model_info names the model that runs now, sitsd_model_swaps and sitsd_swaps count the swaps."""
+    import hashlib
+
+    daemon, _, port, cfg = running
+    first = daemon.loop.stage_set.model_sha256.hex()
+    copy = tmp_path / "rolling_mill_v2.onnx"
+    copy.write_bytes(Path(cfg.model.artifact).read_bytes() + b"\x32\x02v2")  # one more doc_string: another hash
+    new = hashlib.sha256(copy.read_bytes()).hexdigest()
+    daemon.hotswap.update_model(copy)
+    try:
+        fam = scrape(port)
+        assert value(fam, "sitsd_model_info", "", sha256=new, artifact=str(copy)) == 1.0
+        assert not any(s.labels.get("sha256") == first for s in fam["sitsd_model_info"].samples)
+        assert value(fam, "sitsd_model_swaps") == 1.0
+        assert value(fam, "sitsd_swaps", action="update", component="model") == 1.0
+    finally:
+        daemon.hotswap.rollback("model")
+    fam = scrape(port)
+    assert value(fam, "sitsd_model_info", "", sha256=first) == 1.0
+    assert value(fam, "sitsd_model_swaps") == 2.0
+    assert value(fam, "sitsd_swaps", action="rollback", component="model") == 1.0
 
 
 def test_top_says_clearly_when_there_is_no_socket(tmp_path):
