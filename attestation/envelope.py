@@ -207,7 +207,9 @@ class EnvelopeVerifier:
     """
 
     def __init__(self, public_key_pem: bytes, expected_model_sha256: bytes | None = None, *,
-                 max_age_ns: int | None = None, clock: Callable[[], int] | None = None) -> None:
+                 max_age_ns: int | None = None, clock: Callable[[], int] | None = None,
+                 deadline_grace_ns: int = 0, max_future_ns: int | None = None,
+                 max_validity_ns: int | None = None) -> None:
         self.public_key = serialization.load_pem_public_key(public_key_pem)
         self.algorithm = cose.algorithm_for_key(self.public_key)
         self.key_id = key_id_of(self.public_key)
@@ -215,6 +217,11 @@ class EnvelopeVerifier:
         self.max_age_ns = max_age_ns
         # freshness is opt-in: only a verifier whose clock tracks the signer's can judge it
         self.clock = clock or (time.time_ns if max_age_ns is not None else None)
+        # transport and scheduling between the signer's deadline check and this one; clocks that differ by
+        # more than `max_future_ns` (a command issued in the verifier's future) are refused, when given
+        self.deadline_grace_ns = deadline_grace_ns
+        self.max_future_ns = max_future_ns
+        self.max_validity_ns = max_validity_ns  # deadline - issued: a signer cannot hand out long-lived commands
         self.last_sequence = -1
 
     def verify(self, data: bytes) -> Envelope:
@@ -247,7 +254,15 @@ class EnvelopeVerifier:
         if self.clock is None:
             return
         now = self.clock()
-        if now > cmd.deadline_ns:
+        if self.max_future_ns is not None and cmd.issued_ns - now > self.max_future_ns:
+            raise EnvelopeError(f"command {cmd.sequence} was issued {(cmd.issued_ns - now) / 1e6:.3f} ms in the future "
+                                f"(more than {self.max_future_ns / 1e6:g} ms): the signer's clock is ahead of this "
+                                "one (check PTP/NTP on both)", "stale")
+        if self.max_validity_ns is not None and cmd.deadline_ns - cmd.issued_ns > self.max_validity_ns:
+            raise EnvelopeError(f"command {cmd.sequence} is valid for {(cmd.deadline_ns - cmd.issued_ns) / 1e6:.3f} ms "
+                                f"after it was issued, more than the {self.max_validity_ns / 1e6:g} ms allowed",
+                                "stale")
+        if now > cmd.deadline_ns + self.deadline_grace_ns:
             raise EnvelopeError(
                 f"command {cmd.sequence} expired {(now - cmd.deadline_ns) / 1e6:.3f} ms ago (deadline passed)", "stale")
         if self.max_age_ns is not None and now - cmd.issued_ns > self.max_age_ns:

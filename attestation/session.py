@@ -312,7 +312,9 @@ class SessionVerifier:
     against the nonce this verifier sent and returns the EnvelopeVerifier for that session's commands."""
 
     def __init__(self, trusted_ak_public_pem: bytes, expected_model_sha256: bytes, pcr: int = MODEL_PCR, *,
-                 max_age_ns: int | None = None, clock: Callable[[], int] | None = None) -> None:
+                 max_age_ns: int | None = None, clock: Callable[[], int] | None = None,
+                 deadline_grace_ns: int = 0, max_future_ns: int | None = None,
+                 max_validity_ns: int | None = None) -> None:
         ak = serialization.load_pem_public_key(trusted_ak_public_pem)
         if not isinstance(ak, ec.EllipticCurvePublicKey) or ak.curve.name != "secp256r1":
             raise ValueError("trusted AK must be an ECDSA P-256 public key")
@@ -322,7 +324,8 @@ class SessionVerifier:
         self.trusted_ak_public_pem = _pem(ak)
         self.expected_model_sha256 = bytes(expected_model_sha256)
         self.pcr = pcr
-        self._envelope_options = {"max_age_ns": max_age_ns, "clock": clock}
+        self._envelope_options = {"max_age_ns": max_age_ns, "clock": clock, "deadline_grace_ns": deadline_grace_ns,
+                                  "max_future_ns": max_future_ns, "max_validity_ns": max_validity_ns}
 
     def accept(self, credential_bytes: bytes, nonce: bytes) -> EnvelopeVerifier:
         """Raises CredentialError naming the failed check; ValueError for a bad `nonce` argument."""

@@ -24,15 +24,16 @@ from plc.simulator.server import CommandRejected, RollingMillSimulator, Simulato
 
 
 class LazyVerifier:
-    def __init__(self, key_path: Path, model_sha256: bytes | None) -> None:
+    def __init__(self, key_path: Path, model_sha256: bytes | None, freshness: dict | None = None) -> None:
         self.key_path = key_path
         self.model_sha256 = model_sha256
+        self.freshness = freshness or {}  # EnvelopeVerifier's max_age_ns, deadline_grace_ns, max_future_ns
         self._verifier: EnvelopeVerifier | None = None
 
     def __call__(self, envelope: bytes):
         if self._verifier is None:
             try:
-                self._verifier = EnvelopeVerifier(self.key_path.read_bytes(), self.model_sha256)
+                self._verifier = EnvelopeVerifier(self.key_path.read_bytes(), self.model_sha256, **self.freshness)
             except (OSError, ValueError) as exc:
                 raise CommandRejected(f"no trusted key at {self.key_path}: {exc}", "key") from exc
         env = self._verifier.verify(envelope)
@@ -43,9 +44,10 @@ class SessionAcceptor:
     """Checks a session credential (TPM quote over the session key and this PLC's nonce) and returns the
     per-command verifier for that session."""
 
-    def __init__(self, device_key_path: Path, model_sha256: bytes | None) -> None:
+    def __init__(self, device_key_path: Path, model_sha256: bytes | None, freshness: dict | None = None) -> None:
         self.device_key_path = device_key_path
         self.model_sha256 = model_sha256
+        self.freshness = freshness or {}
 
     def __call__(self, credential: bytes, nonce: bytes):
         from attestation.session import SessionVerifier
@@ -56,7 +58,7 @@ class SessionAcceptor:
             trusted = self.device_key_path.read_bytes()
         except OSError as exc:
             raise CommandRejected(f"no device key at {self.device_key_path}: {exc}", "key") from exc
-        verifier = SessionVerifier(trusted, self.model_sha256).accept(credential, nonce)
+        verifier = SessionVerifier(trusted, self.model_sha256, **self.freshness).accept(credential, nonce)
 
         def verify(envelope: bytes):
             env = verifier.verify(envelope)
@@ -90,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="tpm-session: the device's TPM attestation key (<audit dir>/device.pub.pem); commands are "
                     "accepted once a session credential quoted by it against this PLC's nonce verifies")
     ap.add_argument("--model-sha256", default=None, help="accept only commands from this model (hex)")
+    ap.add_argument("--max-age-ms", type=float, default=1000.0,
+                    help="refuse commands issued more than this long ago, valid for longer than this, or issued "
+                    "this far in this host's future (the PLC side's freshness check; clocks must agree, as they "
+                    "do on one host or under PTP); 0 turns it off (default 1000)")
+    ap.add_argument("--deadline-grace-ms", type=float, default=200.0,
+                    help="accept a command this long past the deadline it carries (transport and scheduling "
+                    "between sitsd's check and this one; default 200)")
     ap.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     ap.add_argument("--security", choices=("none", "sign", "sign-and-encrypt"), default="none",
                     help="OPC UA message security (Basic256Sha256); anything but none needs --pki")
@@ -135,10 +144,14 @@ async def run(args) -> int:
     model = bytes.fromhex(args.model_sha256) if args.model_sha256 else None
     if (args.trust_key is None) == (args.trust_device_key is None):
         raise SystemExit("sitsctl plcsim: give exactly one of --trust-key and --trust-device-key")
+    freshness = ({} if args.max_age_ms <= 0 else
+                 {"max_age_ns": int(args.max_age_ms * 1e6), "deadline_grace_ns": int(args.deadline_grace_ms * 1e6),
+                  "max_future_ns": int(args.max_age_ms * 1e6), "max_validity_ns": int(args.max_age_ms * 1e6)})
     if args.trust_device_key is not None:
-        sim = RollingMillSimulator(settings, None, session_acceptor=SessionAcceptor(args.trust_device_key, model))
+        sim = RollingMillSimulator(settings, None,
+                                   session_acceptor=SessionAcceptor(args.trust_device_key, model, freshness))
     else:
-        sim = RollingMillSimulator(settings, LazyVerifier(args.trust_key, model))
+        sim = RollingMillSimulator(settings, LazyVerifier(args.trust_key, model, freshness))
     await sim.start()
     publisher = threading.Thread(target=sim.run_publisher, args=(args.duration,), name="plcsim-publisher", daemon=True)
     publisher.start()

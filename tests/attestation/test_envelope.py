@@ -117,6 +117,25 @@ def test_stale_commands_are_rejected():
     verifier.verify(SIGNER.sign_command(_cmd(4, now=now + 5_000_000)))
 
 
+def test_future_commands_long_validity_and_the_deadline_grace():
+    now = 10**18
+    clock = [now]
+    v = EnvelopeVerifier(SIGNER.public_key_pem(), MODEL, max_age_ns=50_000_000, clock=lambda: clock[0],
+                         deadline_grace_ns=2_000_000, max_future_ns=1_000_000, max_validity_ns=20_000_000)
+    with pytest.raises(EnvelopeError, match="in the future") as exc:  # the signer's clock runs 5 ms ahead
+        v.verify(SIGNER.sign_command(_cmd(1, now=now + 5_000_000)))
+    assert exc.value.code == "stale"
+    long_lived = Command("ns=2;s=RollGapCommand", (0.01,), 2, 2, now, now + 60_000_000, MODEL, False)
+    with pytest.raises(EnvelopeError, match="valid for 60.000 ms after it was issued"):
+        v.verify(SIGNER.sign_command(long_lived))
+    clock[0] = now + 9_000_000  # 1 ms past the 8 ms deadline: within the 2 ms grace
+    v.verify(SIGNER.sign_command(_cmd(3, now=now)))
+    clock[0] = now + 10_500_000  # 2.5 ms past it: refused
+    with pytest.raises(EnvelopeError, match="deadline passed"):
+        v.verify(SIGNER.sign_command(_cmd(4, now=now)))
+    assert v.last_sequence == 3
+
+
 def test_freshness_is_checked_only_when_asked_for():
     old = _cmd(1, now=1_000)
     assert EnvelopeVerifier(SIGNER.public_key_pem()).verify(SIGNER.sign_command(old)).command == old
@@ -404,3 +423,18 @@ def test_any_cbor_in_any_header_or_field_only_raises_envelope_error(where, key, 
     else:
         data = _sign1(payload=cbor2.dumps({**_FIELDS, key: value}))
     _decodes_or_is_malformed(data)
+
+
+def test_the_plc_simulator_checks_freshness_by_default(tmp_path):
+    """`sitsctl plcsim` (the demo's PLC) refuses a replayed old command even with a fresh sequence number."""
+    from sitsd.plcsim import LazyVerifier, build_parser
+
+    args = build_parser().parse_args(["--trust-key", str(tmp_path / "k.pem")])
+    assert args.max_age_ms == 1000.0 and args.deadline_grace_ms == 200.0
+    (tmp_path / "k.pem").write_bytes(SIGNER.public_key_pem())
+    ns = int(args.max_age_ms * 1e6)
+    verify = LazyVerifier(tmp_path / "k.pem", MODEL, {"max_age_ns": ns, "deadline_grace_ns": 200_000_000,
+                                                      "max_future_ns": ns, "max_validity_ns": ns})
+    assert verify(SIGNER.sign_command(_cmd(1)))[0] == 1
+    with pytest.raises(EnvelopeError, match="deadline passed|more than the 1000 ms allowed"):
+        verify(SIGNER.sign_command(_cmd(2, now=time.time_ns() - 2_000_000_000)))
