@@ -25,6 +25,7 @@ def run_check(cfg: Config, max_splits: int = 256) -> dict:
     result = {
         "satisfiable": rep.satisfiable,
         "contradictions": [list(core) for core in rep.contradictions],
+        "unreachable": [{"when": when, "core": list(core)} for when, core in rep.unreachable],
         "redundant": list(rep.redundant),
         "undecided": list(rep.unknown),
         "bounding_box": {k: [float(lo), float(hi)] for k, (lo, hi) in rep.bounding_box.items()},

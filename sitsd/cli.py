@@ -185,7 +185,7 @@ def _cmd_check(args) -> int:
             print(f"certificate written to {args.certificate}")
     if args.json:
         print(json.dumps(result))
-    return 0 if result["satisfiable"] and result["bounds_proven"] else 1
+    return 0 if result["satisfiable"] and result["bounds_proven"] and not result["unreachable"] else 1
 
 
 def _cmd_pki(args) -> int:

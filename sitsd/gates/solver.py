@@ -25,6 +25,9 @@ class ConstraintReport:
 
     satisfiable: bool
     contradictions: tuple[tuple[str, ...], ...] = ()
+    # (when text, minimal set of rules that exclude it): a condition some constraint is written for, under
+    # which no input passes the gate, so that operating state (e.g. mill_mode == 2) cannot run at all
+    unreachable: tuple[tuple[str, tuple[str, ...]], ...] = ()
     redundant: tuple[str, ...] = ()
     bounding_box: dict[str, tuple[float, float]] = field(default_factory=dict)
     unknown: tuple[str, ...] = ()
@@ -129,10 +132,44 @@ def check_constraints(signals: list[Signal], constraints: list[LinearConstraint]
         cores = _contradictions(system, unknown)
         return ConstraintReport(False, contradictions=cores, unknown=tuple(unknown),
                                 seconds=time.monotonic() - start)
+    unreachable = _unreachable(system, constraints, unknown)
     redundant = _redundant(system, unknown)
     box = _bounding_box(system, unknown)
-    return ConstraintReport(True, redundant=redundant, bounding_box=box, unknown=tuple(unknown),
-                            seconds=time.monotonic() - start)
+    return ConstraintReport(True, unreachable=unreachable, redundant=redundant, bounding_box=box,
+                            unknown=tuple(unknown), seconds=time.monotonic() - start)
+
+
+# -- conditions under which nothing passes -----------------------------------------------------------
+
+def _unreachable(system: _System, constraints: list[LinearConstraint],
+                 unknown: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Each distinct `when` is asserted on top of every rule: unsatisfiable means that while it holds no
+    frame can pass, although the set as a whole is satisfiable (another state is). The core is shrunk to a
+    minimal set of rules, the condition itself always in force."""
+    found = []
+    seen: set[str] = set()
+    for c in constraints:
+        if not c.conditions or c.when in seen:
+            continue
+        seen.add(c.when)
+        cond = system._item(f"when:{c.when}", z3.And([system._condition(d, c.name) for d in c.conditions]))
+        system.solver.push()
+        system.solver.add(z3.Implies(cond.switch, cond.formula))
+        verdict = system.check(system.items + [cond])
+        if verdict == z3.unsat:
+            core = [it for it in _core_items(system, system.items + [cond]) if it is not cond]
+            i = 0
+            while i < len(core):  # minimal: drop rules one at a time while the condition stays excluded
+                trial = core[:i] + core[i + 1:]
+                if system.check(trial + [cond]) == z3.unsat:
+                    core = [it for it in _core_items(system, trial + [cond]) if it is not cond]
+                else:
+                    i += 1
+            found.append((c.when, tuple(it.label for it in core)))
+        elif verdict == z3.unknown:
+            unknown.append(f"unreachable:{c.when}")
+        system.solver.pop()
+    return tuple(found)
 
 
 # -- contradictions: minimal unsatisfiable subsets, enumerated MARCO-style ----------------------------
@@ -277,6 +314,11 @@ def report_text(report: ConstraintReport, signals: list[Signal] | None = None) -
     lines = [_headline(report)]
     for core in report.contradictions:
         lines += _contradiction_lines(core)
+    for when, core in report.unreachable:
+        lines.append(f"  UNREACHABLE: while {when}, no input passes the constraint gate: {', '.join(core)} "
+                     "exclude it")
+        lines.append(f"    fix: relax {' or '.join(x for x in core if not x.startswith('signal:')) or 'the domains'}, "
+                     "or remove the constraints written for that state")
     if report.redundant:
         lines.append("redundant: implied by the signal domains and the other constraints, so they can be removed")
         lines += [f"  - {name}" for name in report.redundant]
@@ -292,6 +334,9 @@ def report_text(report: ConstraintReport, signals: list[Signal] | None = None) -
 
 def _headline(report: ConstraintReport) -> str:
     took = f"({report.seconds:.2f} s)"
+    if report.satisfiable and report.unreachable:
+        return (f"constraints: satisfiable, but {len(report.unreachable)} condition(s) written into them can never "
+                f"hold while every rule does {took}")
     if report.satisfiable:
         return f"constraints: satisfiable, some input passes every check {took}"
     if report.contradictions:

@@ -21,7 +21,7 @@ def test_demo_config_is_proven():
     rc, result, text = _check()
     assert rc == 0, text
     assert result["satisfiable"] and result["bounds_proven"]
-    assert result["contradictions"] == [] and result["redundant"] == []
+    assert result["contradictions"] == [] and result["redundant"] == [] and result["unreachable"] == []
     lo, hi = result["output_bounds"]["roll_gap_correction"]
     assert -0.15 <= lo < hi <= 0.15
     assert result["actuator_limits"]["roll_gap_correction"] == [-0.15, 0.15]
@@ -43,6 +43,21 @@ def test_contradictory_constraints_exit_non_zero_and_are_named(tmp_path):
     assert rc == 1 and not result["satisfiable"] and not result["bounds_proven"]
     assert ["thick_exit", "thin_exit"] in [sorted(core) for core in result["contradictions"]]
     assert "thin_exit" in text and "thick_exit" in text
+
+
+def test_a_contradiction_only_under_a_condition_names_the_unreachable_state_and_exits_non_zero(tmp_path):
+    """A force band for AGC (mill_mode == 2) that excludes every force: the set is satisfiable (modes 0 and 1
+    run), but the line could never run in AGC, so check says so and fails."""
+    data = example_config_data()
+    data["constraints"].append({"name": "agc_force_floor", "coefficients": {"rolling_force": 1.0}, "min": 13500.0,
+                                "when": "mill_mode == 2"})
+    path = tmp_path / "agc.yaml"
+    path.write_text(yaml.safe_dump(data))
+    rc, result, text = _check(config=path)
+    assert rc == 1 and result["satisfiable"] and result["contradictions"] == []
+    assert result["unreachable"] == [{"when": "mill_mode == 2",
+                                      "core": ["force_in_band_under_agc", "agc_force_floor"]}]
+    assert "UNREACHABLE: while mill_mode == 2" in text
 
 
 def test_limits_the_model_can_break_are_not_proven(tmp_path):

@@ -106,6 +106,9 @@ class TestConditions:
         free = check_constraints([sig("t", min=0, max=100), sig("mode", "enum", values=[1, 2])], constraints)
         assert free.satisfiable
         assert free.bounding_box["mode"] == (1.0, 1.0)  # mode 2 is never admissible
+        # ... which the report says: the state the two rules were written for cannot run
+        assert free.unreachable == (("mode == 2", ("hot", "cold")),)
+        assert "UNREACHABLE: while mode == 2" in report_text(free)
         forced = check_constraints([sig("t", min=0, max=100), sig("mode", "enum", values=[2])], constraints)
         assert not forced.satisfiable
         assert forced.contradictions == (("signal:mode", "hot", "cold"),)
