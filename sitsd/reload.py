@@ -4,6 +4,13 @@ What may change live: signal ranges, rates, types and policies (same names in th
 constraints, timing limits, PTP policy, safety limits, logging level. Everything else (PLC, transport,
 model, attestation, audit, control, runtime, metrics) needs a restart, and a reload that touches it
 is refused with the list. A config that does not load is refused too; the running rules stay.
+
+A change to the signals, constraints or safety limits is proven before it goes live, as `sitsctl check`
+proves a config: the constraints must stay satisfiable and the model that runs now (the config's, or a
+hot-swapped one) must stay proven inside the new actuator limits over the new admissible input box (its
+manifest's certificate is replayed when it covers them, else the bounds are proven anew; a streaming
+model's tanh head must fit the new limits). Otherwise the reload is refused with the report. The proof
+takes a fraction of a second, so callers run `reload` off the I/O event loop.
 """
 from __future__ import annotations
 
@@ -31,6 +38,32 @@ def plan(old: Config, new: Config) -> list[str]:
     if needs_restart:
         raise ReloadRefused(f"these changes need a restart: {', '.join(needs_restart)}")
     return [s for s in LIVE_SECTIONS if getattr(old, s) != getattr(new, s)]
+
+
+def prove_live(daemon, new: Config) -> str:
+    """The running model under `new`'s rules: a short report, or ReloadRefused with the proof's report."""
+    loop = daemon.loop
+    if loop is None:
+        return "not running yet"
+    model = loop.stage_set.model
+    if getattr(model, "kind", "mlp") == "streaming":
+        from .model import head_range
+
+        rng = head_range(new, model.pool.model_bytes)
+        by_output = {a.output: a for a in new.safety.actuators}
+        for i, o in enumerate(new.model.outputs):
+            if rng is None or rng[0][i] < by_output[o].min or rng[1][i] > by_output[o].max:
+                got = "unbounded" if rng is None else f"[{rng[0][i]:g}, {rng[1][i]:g}]"
+                raise ReloadRefused(f"the streaming model's output {o} is {got} by its head, not inside the new "
+                                    f"actuator limits [{by_output[o].min:g}, {by_output[o].max:g}]")
+        return "streaming head inside the new limits"
+    from .check import swap_bounds_check
+
+    proven, report = swap_bounds_check(new, Path(loop.stage_set.model_path))
+    if not proven:
+        raise ReloadRefused("the running model is not proven inside the new config's limits over its admissible "
+                            f"inputs, so the new rules would not keep the line safe:\n{report}")
+    return report.splitlines()[0] if report else "proven"
 
 
 def apply(daemon, new: Config) -> None:
@@ -70,6 +103,9 @@ def reload(daemon, path: Path, overrides: dict | None = None) -> dict:
         SignaturePolicy.from_config(daemon.cfg).check("config", Path(path))
         new = load_config(path, overrides)
         changed = plan(daemon.cfg, new)
+        if {"signals", "constraints", "safety"} & set(changed):
+            proof = prove_live(daemon, new)
+            daemon.log.info("reload proven", changed=changed, proof=proof)
         apply(daemon, new)
     except (ConfigError, ReloadRefused, SignatureError) as exc:
         reason = str(exc)

@@ -151,6 +151,23 @@ def test_sighup_reloads_live_rules_and_refuses_the_rest(manager, plcsim, tmp_pat
         frames = request(control, "status")["counters"]["frames"]
         time.sleep(0.3)
         assert request(control, "status")["counters"]["frames"] > frames
+
+        # actuator limits tighter than the running model's proven output range (+-0.14 mm): refused with the proof
+        del data["plc"]["command_mode"], data["plc"]["command_object"]
+        act = data["safety"]["actuators"][0]
+        act["min"], act["max"], act["failsafe"] = -0.1, 0.1, 0.0
+        config.write_text(yaml.safe_dump(data, sort_keys=False))
+        answer = subprocess.run([sys.executable, "-m", "sitsd.cli", "reload", "--socket", str(control)],
+                                capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert answer.returncode == 1 and "the running model is not proven inside" in answer.stderr, answer.stderr
+        assert request(control, "status")["reloads"] == 1
+        act["min"], act["max"] = -0.15, 0.15  # back inside what the model is proven for: goes live
+        band["max"] = 13000.0
+        config.write_text(yaml.safe_dump(data, sort_keys=False))
+        answer = subprocess.run([sys.executable, "-m", "sitsd.cli", "reload", "--socket", str(control)],
+                                capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert answer.returncode == 0, answer.stderr
+        assert request(control, "status")["reloads"] == 2
         assert daemon.poll() is None
     finally:
         daemon.send_signal(signal.SIGTERM)
