@@ -3,11 +3,19 @@
 Receiving uses an ETH_P_ALL packet socket with PACKET_AUXDATA: a socket bound to 0xB62C gets the
 frame but never sees the VLAN tag (the kernel moves it into skb metadata), and the PCP is what a
 TSN stream's priority is. RX stamps come from SO_TIMESTAMPING as for UDP: the NIC's hardware
-stamp when it has a PHC, the kernel's software stamp otherwise. Sending writes the 802.1Q tag
+stamp when it has a PHC, the kernel's software stamp otherwise. At open the NIC is asked to stamp
+all received frames (`plc.timestamps.enable_hardware_rx_stamps`; `hw_stamps` says what happened),
+and hardware stamps are converted from the PHC's TAI to UTC. Sending writes the 802.1Q tag
 itself and sets SO_PRIORITY to the PCP, so no VLAN device is needed. Needs CAP_NET_RAW.
+
+The link may go away under a running source: a packet socket reports ENETDOWN once when its
+interface goes down and picks frames up again by itself when it comes back up. An interface that
+was deleted and re-created (a re-plugged USB NIC, a re-created veth) has a new index the socket
+knows nothing of: `_relink` binds to it again and re-adds the multicast membership.
 """
 from __future__ import annotations
 
+import errno
 import re
 import socket
 import struct
@@ -16,9 +24,10 @@ from dataclasses import dataclass
 
 from .errors import TransportError
 from .frame import Frame
-from .socket_source import UadpSocketSource
+from .socket_source import UadpSocketSource, is_transient
 from .uadp import FixedLayout
-from .timestamps import RX_TIMESTAMPING_FLAGS, SO_TIMESTAMPING, rx_stamp_from_cmsg
+from .timestamps import (RX_TIMESTAMPING_FLAGS, SO_TIMESTAMPING, TAI_UTC_OFFSET_S, enable_hardware_rx_stamps,
+                         phc_utc_offset_ns, rx_stamp_from_cmsg)
 
 ETH_P_ALL = 0x0003
 ETH_P_UADP = 0xB62C
@@ -66,38 +75,84 @@ def _interface_mac(sock: socket.socket) -> bytes:
     return sock.getsockname()[4][:6]
 
 
+def _ifindex(interface: str) -> int:
+    try:
+        return socket.if_nametoindex(interface)
+    except OSError:  # Python raises it without an errno
+        raise OSError(errno.ENODEV, f"no interface {interface!r} (yet)") from None
+
+
 class EthFrameSource(UadpSocketSource):
-    """Reads UADP messages of one fixed layout from an interface, on the calling thread."""
+    """Reads UADP messages of one fixed layout from an interface, on the calling thread.
+
+    `hardware_stamps`: ask the NIC to stamp every received frame (SIOCSHWTSTAMP); refused or
+    unsupported leaves software stamps, described in `hw_stamps.detail`. `phc_timescale` and
+    `utc_offset_s`: the PHC's clock (tai under ptp4l, the default) and TAI - UTC, to turn a hardware
+    stamp into the UTC the sender stamps with.
+    """
 
     def __init__(self, url: str, interface: str, layout: FixedLayout,
-                 publisher_id: int | None = None, writer_id: int | None = None) -> None:
+                 publisher_id: int | None = None, writer_id: int | None = None, *,
+                 hardware_stamps: bool = True, phc_timescale: str = "tai",
+                 utc_offset_s: int = TAI_UTC_OFFSET_S) -> None:
         self.address = parse_eth_url(url)
+        self.interface = interface
+        self._hw_offset_ns = phc_utc_offset_ns(phc_timescale, utc_offset_s)
+        self._want_hw = hardware_stamps
         try:
             sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
         except PermissionError as exc:
             raise TransportError(f"{url}: raw Ethernet needs CAP_NET_RAW (the unit grants it): {exc}") from exc
         try:
-            sock.bind((interface, ETH_P_ALL))
             sock.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
             sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, RX_TIMESTAMPING_FLAGS)
-            if self.address.mac[0] & 1:  # a group address: ask the NIC to accept it
-                ifindex = socket.if_nametoindex(interface)
-                mreq = struct.pack("iHH8s", ifindex, PACKET_MR_MULTICAST, 6, self.address.mac)
-                sock.setsockopt(SOL_PACKET, PACKET_ADD_MEMBERSHIP, mreq)
+            self._ifindex, self._own_mac = self._attach(sock)
         except OSError as exc:
             sock.close()
             raise TransportError(f"{url}: cannot listen on interface {interface!r}: {exc}") from exc
-        super().__init__(sock, layout, publisher_id, writer_id, buffer_size=9216)
-        self._own_mac = _interface_mac(sock)
+        super().__init__(sock, layout, publisher_id, writer_id, buffer_size=9216, where=f"{url} on {interface}")
         self.last_vid = -1
+        if hardware_stamps:
+            self.hw_stamps = enable_hardware_rx_stamps(interface)
+
+    def _attach(self, sock: socket.socket) -> tuple[int, bytes]:
+        """Bind to the interface (by its current index) and ask it to accept our group address."""
+        ifindex = _ifindex(self.interface)
+        sock.bind((self.interface, ETH_P_ALL))
+        if self.address.mac[0] & 1:  # a group address: ask the NIC to accept it
+            mreq = struct.pack("iHH8s", ifindex, PACKET_MR_MULTICAST, 6, self.address.mac)
+            sock.setsockopt(SOL_PACKET, PACKET_ADD_MEMBERSHIP, mreq)
+        return ifindex, _interface_mac(sock)
+
+    def _relink(self) -> bool:
+        """The interface is back under a new index (deleted and re-created): bind to it again. A plain
+        down/up keeps the index, and the kernel re-attaches the socket itself. A deleted device also
+        unbinds the socket (its name reads empty), so an index the kernel happened to reuse is caught too."""
+        if _ifindex(self.interface) == self._ifindex and self._sock.getsockname()[0] == self.interface:
+            return False
+        self._ifindex, self._own_mac = self._attach(self._sock)
+        if self._want_hw:  # a new device starts with hardware stamping off
+            self.hw_stamps = enable_hardware_rx_stamps(self.interface)
+        return True
 
     def receive(self, timeout_s: float) -> Frame | None:
+        """Next frame, or None after `timeout_s` without one. `Frame.values` is reused by the next call.
+
+        Other traffic is skipped; malformed messages and other publishers' are counted; socket errors
+        of a link that is down or congested are counted in `link_errors` and return None (see
+        UadpSocketSource); only a socket that is itself broken raises TransportError.
+        """
         self._sock.settimeout(timeout_s)
         dst_want = self.address.mac
         while True:
             try:
                 nbytes, ancdata, _flags, addr = self._sock.recvmsg_into([self._buffer], 512)
             except (TimeoutError, BlockingIOError):
+                self._no_frame()
+                return None
+            except OSError as exc:  # link down, no buffers: counted, backed off; a broken socket raises
+                self._socket_error(exc, timeout_s)
+                self._no_frame()
                 return None
             if addr[2] == PACKET_OUTGOING or nbytes < 14:
                 continue
@@ -113,7 +168,7 @@ class EthFrameSource(UadpSocketSource):
                 start = 18
             if ethertype != ETH_P_UADP:
                 continue
-            rx_ns, source = rx_stamp_from_cmsg(ancdata)
+            rx_ns, source = rx_stamp_from_cmsg(ancdata, self._hw_offset_ns)
             for level, kind, data in ancdata:
                 if level == SOL_PACKET and kind == PACKET_AUXDATA and len(data) >= _AUXDATA.size:
                     status, _, _, _, _, vlan_tci, _ = _AUXDATA.unpack_from(data)
@@ -163,34 +218,66 @@ class EthPublisher:
 
     def __init__(self, url: str, interface: str, launch_offset_ns: int | None = None) -> None:
         self.address = parse_eth_url(url)
+        self.url, self.interface = url, interface
+        self.send_errors = 0  # frames lost to a link that was down or congested (counted, not raised)
+        self.last_send_error: OSError | None = None
+        self._next_rebind = 0.0
         try:
             sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_UADP))
             sock.bind((interface, 0))
         except OSError as exc:
             raise TransportError(f"{url}: cannot send on interface {interface!r}: {exc}") from exc
-        a = self.address
-        if a.pcp is not None:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY, a.pcp)
-        header = a.mac + _interface_mac(sock)
-        if a.vid is not None or a.pcp is not None:
-            header += struct.pack("!HH", ETH_P_8021Q, ((a.pcp or 0) << 13) | (a.vid or 0))
-        self._header = header + struct.pack("!H", ETH_P_UADP)
+        if self.address.pcp is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY, self.address.pcp)
         self._sock = sock
+        self._header = self._frame_header()
         self.launch_time = False
         self.launch_time_status = "not requested"
         self._launch_offset_ns = launch_offset_ns
         if launch_offset_ns is not None:
             self.launch_time, self.launch_time_status = enable_launch_time(sock, interface)
 
-    def send(self, payload: bytes) -> None:
+    def _frame_header(self) -> bytes:
+        a = self.address
+        header = a.mac + _interface_mac(self._sock)
+        if a.vid is not None or a.pcp is not None:
+            header += struct.pack("!HH", ETH_P_8021Q, ((a.pcp or 0) << 13) | (a.vid or 0))
+        return header + struct.pack("!H", ETH_P_UADP)
+
+    def send(self, payload: bytes) -> bool:
+        """Send one frame; False if the link lost it (down: ENETDOWN, congested: ENOBUFS, gone: ENXIO),
+        which is counted in `send_errors`, as a PLC keeps publishing through a link flap."""
         frame = self._header + payload
         if len(frame) < 60:
             frame += bytes(60 - len(frame))
-        if self.launch_time:
-            launch = time.clock_gettime_ns(time.CLOCK_TAI) + self._launch_offset_ns
-            self._sock.sendmsg([frame], [(socket.SOL_SOCKET, SO_TXTIME, struct.pack("Q", launch))])
-        else:
-            self._sock.send(frame)
+        try:
+            if self.launch_time:
+                launch = time.clock_gettime_ns(time.CLOCK_TAI) + self._launch_offset_ns
+                self._sock.sendmsg([frame], [(socket.SOL_SOCKET, SO_TXTIME, struct.pack("Q", launch))])
+            else:
+                self._sock.send(frame)
+            return True
+        except OSError as exc:
+            if not is_transient(exc):
+                raise TransportError(f"{self.url}: sending on {self.interface} failed: {exc}") from exc
+            self.send_errors += 1
+            self.last_send_error = exc
+            if exc.errno in (errno.ENXIO, errno.ENODEV):
+                self._rebind()
+            return False
+
+    def _rebind(self) -> None:
+        """ENXIO: the interface was deleted; once one of that name exists again, bind to it (twice a second
+        at most, the publisher's tick must not wait on it)."""
+        now = time.monotonic()
+        if now < self._next_rebind:
+            return
+        self._next_rebind = now + 0.5
+        try:
+            self._sock.bind((self.interface, 0))
+        except OSError:
+            return  # not back yet
+        self._header = self._frame_header()  # a new device, maybe a new source MAC
 
     def close(self) -> None:
         self._sock.close()
