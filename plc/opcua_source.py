@@ -5,11 +5,18 @@ there and handed to the loop thread through a bounded queue (the newest frame wi
 loop falls behind). OPC UA client/server carries no per-message sequence number, so frames are
 numbered here and the item's SourceTimestamp must rise: an equal or older stamp is counted as
 a duplicate and dropped. The RX stamp is taken in user space when the notification arrives.
+
+A subscription can end without the session noticing at once: the PLC restarts (asyncua's
+connection supervisor then reports BadShutdown), its lifetime expires on the server (BadTimeout),
+or another session takes it over (GoodSubscriptionTransferred). Any status-change notification of
+the current subscription is reported through `on_lost` so the owner can rebuild session and
+subscription; notifications of a subscription replaced by a later `subscribe()` are ignored.
 """
 from __future__ import annotations
 
 import queue
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 
 import numpy as np
@@ -38,14 +45,21 @@ class OpcUaSubscriptionSource:
         self._sequence = 0
         self._last_source_ns = 0
         self._subscription = None
+        self._generation = 0  # bumped by every subscribe(): notifications of older subscriptions are ignored
+        self._on_lost: Callable[[str], None] | None = None
+        self.status_changes = 0
         self.malformed = 0
         self.duplicates = 0
         self.superseded = 0
         self.last_error: Exception | None = None
 
     # -- I/O thread ---------------------------------------------------------------------------
-    async def subscribe(self, client: Client, node_id: ua.NodeId) -> None:
-        """(Re)create the subscription on a connected client; call again after a reconnect."""
+    async def subscribe(self, client: Client, node_id: ua.NodeId,
+                        on_lost: Callable[[str], None] | None = None) -> None:
+        """(Re)create the subscription on a connected client; call again after a reconnect.
+        `on_lost(reason)` is called (on the I/O thread) when the server or asyncua ends this subscription."""
+        self._generation += 1
+        self._on_lost = on_lost
         node = client.get_node(node_id)
         try:
             value = await node.read_value()
@@ -57,7 +71,7 @@ class OpcUaSubscriptionSource:
         params = ua.CreateSubscriptionParameters(RequestedPublishingInterval=self.publishing_interval_ms,
                                                  RequestedLifetimeCount=10_000, RequestedMaxKeepAliveCount=1000,
                                                  MaxNotificationsPerPublish=0, Priority=255)
-        self._subscription = await client.create_subscription(params, self)
+        self._subscription = await client.create_subscription(params, _Handler(self, self._generation))
         await self._subscription.subscribe_data_change(node, sampling_interval=0.0, queuesize=1)
 
     def datachange_notification(self, node, value, data) -> None:
@@ -92,7 +106,13 @@ class OpcUaSubscriptionSource:
                     pass
 
     def status_change_notification(self, status) -> None:
-        self.last_error = RuntimeError(f"subscription status {status}")
+        """The subscription ended (BadShutdown, BadTimeout, transferred...): no frame comes through it any more."""
+        code = getattr(status, "Status", status)
+        name = getattr(code, "name", None) or str(code)
+        self.status_changes += 1
+        self.last_error = RuntimeError(f"frame subscription status {name}")
+        if self._on_lost is not None:
+            self._on_lost(f"frame subscription ended: {name}")
 
     # -- loop thread ---------------------------------------------------------------------------
     def receive(self, timeout_s: float) -> Frame | None:
@@ -112,3 +132,21 @@ class OpcUaSubscriptionSource:
 
     def close(self) -> None:
         pass
+
+
+class _Handler:
+    """asyncua's handler for one subscription: forwards to the source while it is the current one."""
+
+    __slots__ = ("source", "generation")
+
+    def __init__(self, source: OpcUaSubscriptionSource, generation: int) -> None:
+        self.source = source
+        self.generation = generation
+
+    def datachange_notification(self, node, value, data) -> None:
+        if self.generation == self.source._generation:
+            self.source.datachange_notification(node, value, data)
+
+    def status_change_notification(self, status) -> None:
+        if self.generation == self.source._generation:
+            self.source.status_change_notification(status)

@@ -45,6 +45,12 @@ from .stats import STAGE_INDEX, TimingRing
 from .wasm import WasmError
 
 QUEUE_DEPTH = 8
+# frame watchdog (timing.frame_timeout_ms unset): no frame for this many cycles, and never less than the floor
+FRAME_TIMEOUT_CYCLES = 50
+FRAME_TIMEOUT_FLOOR_MS = 1000.0
+RECONNECT_FIRST_S = 0.2  # PLC reconnect: wait before the first attempt, doubling up to RECONNECT_MAX_S
+RECONNECT_MAX_S = 2.0
+FRAME_STALL_MAX_BACKOFF_S = 60.0  # opcua-subscription: a stall that outlives a rebuild is retried at most this rarely
 PUBKEY_FILE = "signer.pub.pem"
 DEVICE_KEY_FILE = "device.pub.pem"  # tpm-session: the attestation key the PLC trusts
 
@@ -99,6 +105,16 @@ class Daemon:
         self.audit_backlog: deque[dict] = deque()
         self.audit_held = 0  # commands not sent because the audit log could not take their record
         self.link: PlcLink | None = None
+        # the PLC link (sitsd/plc_link.py): losses however noticed, reconnects, commands not sent meanwhile
+        self._link_lost: asyncio.Event | None = None
+        self._in_flight: Outgoing | None = None  # the command the writer is sending (drained before stopping)
+        self.link_losses = 0
+        self.link_reconnects = 0
+        self.link_not_sent = 0
+        self.link_last_loss: str | None = None
+        self._link_down_since: float | None = None
+        self._frame_progress_at = time.monotonic()
+        self._frame_stall: dict | None = None  # {"since": monotonic, "escalations": n} while no frame comes
         self._aio: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._queue: asyncio.Queue | None = None
@@ -261,9 +277,14 @@ class Daemon:
         c, stages, latency = self.counters, self.timings.stages, self.timings.latency_us
         handoff_i, write_i = STAGE_INDEX["handoff"], STAGE_INDEX["write"]
         while True:
+            self._in_flight = None
             item: Outgoing = await self._queue.get()
             if self.audit_backlog:  # nothing leaves that could not be recorded: the PLC falls back on its own
                 self.audit_held += 1
+                continue
+            if not self.link.connected:  # reconnecting: it cannot reach the PLC, which holds its safe state
+                c.expired += 1
+                self.link_not_sent += 1
                 continue
             start = time.time_ns()
             stages[item.row, handoff_i] = (start - item.handoff_ns) * 1e-3
@@ -271,8 +292,13 @@ class Daemon:
                 c.expired += 1
                 self._alert("deadline", f"command {item.sequence} expired before it could be written", item)
                 continue
+            session = self.link.generation
+            self._in_flight = item
             try:
                 await self.link.send(item.envelope)
+            except asyncio.CancelledError:  # stopping with this write on the wire: the PLC may have applied it
+                self._audit(item, "unconfirmed", error="write cancelled at shutdown")
+                raise
             except ua.UaStatusCodeError as exc:
                 c.write_errors += 1
                 self._alert("plc_rejected", f"PLC refused command {item.sequence}: {exc}", item)
@@ -283,7 +309,7 @@ class Daemon:
                 c.write_errors += 1
                 self._alert("plc_write", f"write of command {item.sequence} failed: {exc!r}", item)
                 self._audit(item, "unconfirmed", error=repr(exc))
-                await self._reconnect()
+                self.link.report_lost(session, f"write of command {item.sequence} failed: {exc!r}")
                 continue
             ack = time.time_ns()
             stages[item.row, write_i] = (ack - start) * 1e-3
@@ -323,23 +349,140 @@ class Daemon:
                             f"record(s) written, {self.audit_held} command(s) were held", 0, 0))
         self.log.warning("audit log writable again", written=written, held=self.audit_held)
 
-    async def _reconnect(self) -> None:
-        self.state = "reconnecting"
-        await self.link.close()
-        delay, attempt = 0.1, 0
-        while not self._stop.is_set():
-            attempt += 1
+    # -- the PLC link: loss detection, frame watchdog, reconnect -----------------------------------------
+    def _link_down(self, reason: str) -> None:
+        """The PLC session or the frame subscription is dead, however it was noticed (I/O thread): asyncua's
+        connection supervisor, the subscription's status change, a failed write or the frame watchdog.
+        Stops the writer from using the session at once and wakes `_supervise_link`, which reconnects.
+        One alert per outage: reports while a reconnect runs only make its current attempt count as failed."""
+        if self._stop is None or self._stop.is_set() or self._link_lost is None or self.link is None:
+            return
+        if self._link_lost.is_set() or self.state == "reconnecting":
+            self.link_last_loss = reason
+            self._link_lost.set()
+            return
+        self.link.mark_lost()
+        self.link_losses += 1
+        self.link_last_loss = reason
+        self._link_down_since = time.monotonic()
+        if self.state == "running":
+            self.state = "reconnecting"
+        self._alert("plc_link", f"PLC link lost ({reason}): reconnecting")
+        self.log.warning("PLC link lost: reconnecting; until then no command is sent and the PLC's own watchdog "
+                         "holds its safe state", reason=reason, endpoint=self.cfg.plc.endpoint,
+                         transport=self.cfg.transport.kind)
+        self._link_lost.set()
+
+    def _frames_seen(self) -> int:
+        """Anything that came in from the frame transport: frames the loop took, malformed ones, and
+        (opcua-subscription) frames that arrived faster than the loop took them."""
+        src = self.source
+        return self.counters.frames + (src.malformed if src is not None else 0) + getattr(src, "superseded", 0)
+
+    def _frame_timeout_s(self) -> float:
+        t = self.cfg.timing  # read each time: a reload may change it
+        ms = t.frame_timeout_ms or max(FRAME_TIMEOUT_CYCLES * t.cycle_ms, FRAME_TIMEOUT_FLOOR_MS)
+        return ms / 1000.0
+
+    async def _supervise_link(self) -> None:
+        """Reconnects when `_link_down` says so, and runs the frame watchdog in between (I/O thread).
+
+        Frame watchdog: no frame for `_frame_timeout_s()` raises one `frame_timeout` alert per stall. With
+        opcua-subscription the frames come through the session, so a stall also rebuilds session and
+        subscription (the session may look alive while the subscription is gone); a stall that outlives the
+        rebuild is retried with a doubling wait (at most FRAME_STALL_MAX_BACKOFF_S). The UADP transports do
+        not depend on the session, whose health asyncua's supervisor watches: there the alert is all."""
+        seen, self._frame_progress_at = self._frames_seen(), time.monotonic()
+        subscription = isinstance(self.source, OpcUaSubscriptionSource)
+        while True:
             try:
-                await self.link.connect()
-                self.state = "running"
-                self.log.info("reconnected to PLC", endpoint=self.cfg.plc.endpoint, attempts=attempt)
-                return
+                await asyncio.wait_for(self._link_lost.wait(), 0.05)
+            except asyncio.TimeoutError:
+                pass
+            if self._link_lost.is_set():
+                await self._reconnect()
+                seen, self._frame_progress_at = self._frames_seen(), time.monotonic()  # a full timeout to start
+                continue
+            now, frames = time.monotonic(), self._frames_seen()
+            if frames != seen:
+                seen, self._frame_progress_at = frames, now
+                if self._frame_stall is not None:
+                    self.log.info("frames flow again", stalled_s=round(now - self._frame_stall["since"], 2),
+                                  rebuilds=self._frame_stall["escalations"])
+                    self._frame_stall = None
+                continue
+            timeout_s = self._frame_timeout_s()
+            quiet_s = now - self._frame_progress_at
+            if self._frame_stall is None:
+                if quiet_s < timeout_s:
+                    continue
+                self._frame_stall = {"since": self._frame_progress_at, "escalations": 0}
+                self._alert("frame_timeout", f"no frame for {quiet_s * 1000:.0f} ms (frame timeout "
+                            f"{timeout_s * 1000:.0f} ms, transport {self.cfg.transport.kind})")
+                self.log.warning("no frames from the PLC", quiet_ms=round(quiet_s * 1000), timeout_ms=round(
+                    timeout_s * 1000), transport=self.cfg.transport.kind, action="rebuild the PLC session and "
+                    "frame subscription" if subscription else "alert only: check the PLC's publisher and the "
+                    "network path (the OPC UA session is watched separately)")
+            if subscription and quiet_s >= min(timeout_s * 2 ** self._frame_stall["escalations"],
+                                               max(FRAME_STALL_MAX_BACKOFF_S, timeout_s)):
+                self._frame_stall["escalations"] += 1
+                self._link_down(f"no frame for {quiet_s * 1000:.0f} ms on the frame subscription")
+
+    async def _reconnect(self) -> None:
+        """Until the PLC takes a new session or the daemon stops: close what is left of the old one (bounded),
+        then connect with back-off: 0.2 s before the first attempt (a PLC that is shutting down still accepts
+        connections for a moment, and a session opened then would keep it from finishing), doubling to 2 s.
+        connect() rebuilds everything: command node checks, the tpm-session binding, the PLC event and frame
+        subscriptions. The writer and the loop thread keep running meanwhile; their commands are counted as
+        expired and not sent (`link_not_sent`)."""
+        link = self.link
+        self.state = "reconnecting"
+        if self._link_down_since is None:
+            self._link_down_since = time.monotonic()
+        await link.close()
+        delay, attempt = RECONNECT_FIRST_S, 0
+        while True:
+            try:
+                await asyncio.wait_for(self._stop.wait(), delay)
+                return  # stopping
+            except asyncio.TimeoutError:
+                pass
+            delay = min(delay * 2, RECONNECT_MAX_S)  # back off, but never wait long once the PLC is back
+            attempt += 1
+            self._link_lost.clear()  # a loss reported from now on concerns this attempt's session
+            error = None
+            try:
+                await link.connect()
             except StartupError as exc:
-                if attempt <= 3 or attempt % 10 == 0:
-                    self.log.warning("PLC reconnect failed", error=str(exc).splitlines()[0], attempt=attempt,
-                                     retry_in_s=delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)  # back off, but never wait long once the PLC is back
+                error = str(exc).splitlines()[0]
+            except Exception as exc:  # a session that died while being set up: try again, never give up
+                error = repr(exc)
+            if error is None and self._link_lost.is_set():
+                error = f"lost again while being set up ({self.link_last_loss})"
+                await link.close()
+            if error is None:
+                break
+            if attempt <= 3 or attempt % 10 == 0:
+                self.log.warning("PLC reconnect failed", error=error, attempt=attempt, retry_in_s=delay)
+        down_s = time.monotonic() - self._link_down_since
+        self._link_down_since = None
+        self.link_reconnects += 1
+        self.state = "running"
+        self.log.info("reconnected to PLC", endpoint=self.cfg.plc.endpoint, attempts=attempt,
+                      down_s=round(down_s, 2), transport=self.cfg.transport.kind,
+                      frame_subscription="re-created" if isinstance(self.source, OpcUaSubscriptionSource) else None,
+                      commands_not_sent=self.link_not_sent)
+
+    def _link_status(self) -> dict:
+        now = time.monotonic()
+        stall = self._frame_stall
+        return {"connected": bool(self.link is not None and self.link.connected), "losses": self.link_losses,
+                "reconnects": self.link_reconnects, "last_loss": self.link_last_loss,
+                "down_s": round(now - self._link_down_since, 2) if self._link_down_since is not None else None,
+                "commands_not_sent": self.link_not_sent,
+                "frame_age_ms": round((now - self._frame_progress_at) * 1000),
+                "frame_timeout_ms": round(self._frame_timeout_s() * 1000),
+                "frames_stalled_s": round(now - stall["since"], 2) if stall is not None else None}
 
     def _alert(self, kind: str, reason: str, item: Outgoing | None = None) -> None:
         self.alerts.append((time.time_ns(), kind, reason, 0, item.frame_sequence if item else 0))
@@ -450,6 +593,8 @@ class Daemon:
             "plc_events": dict(self.plc_event_counts),
             "recent_plc_events": [{"code": e.code, "severity": e.severity, "component": e.component, "text": e.text,
                                    "t_ns": e.timestamp_ns} for e in list(self.plc_events)[-5:]],
+            # the PLC session: losses, reconnects, the frame watchdog (see _supervise_link)
+            "plc_link": self._link_status(),
             "audit_file": str(self.audit.path) if self.audit else None,
             # the live head of the hash chain: recorded elsewhere, it shows a cut of the newest records
             "audit_head": {"records": self.audit.records, "hash": self.audit.head} if self.audit else None,
@@ -465,6 +610,7 @@ class Daemon:
         self._aio = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         self._queue = asyncio.Queue()
+        self._link_lost = asyncio.Event()
         tasks: list[asyncio.Task] = []
         server = None
         try:
@@ -472,7 +618,7 @@ class Daemon:
                 self._build()
                 self.link = PlcLink(self.cfg, signer=self.signer, source=self.source, on_plc_event=self._on_plc_event,
                                     device_key_file=Path(self.cfg.audit.directory) / DEVICE_KEY_FILE,
-                                    model_sha256=self.model.sha256, log=self.log)
+                                    model_sha256=self.model.sha256, log=self.log, on_lost=self._link_down)
                 await self.link.connect()
                 a = self.cfg.audit
                 self.audit = AuditLog(a.directory, a.fsync, segment_max_mb=a.segment_max_mb,
@@ -509,10 +655,11 @@ class Daemon:
                 return 70
             tasks = [asyncio.create_task(self._writer(), name="writer"),
                      asyncio.create_task(self._housekeeping(), name="housekeeping"),
-                     asyncio.create_task(self._watch_ptp(), name="ptp")]
+                     asyncio.create_task(self._watch_ptp(), name="ptp"),
+                     asyncio.create_task(self._supervise_link(), name="plc-link")]
             discarded = self.source.discard_pending()  # frames that arrived during startup are stale
             self.loop.start()
-            self.state = "running"
+            self.state = "reconnecting" if self._link_lost.is_set() else "running"
             self.notifier.ready(self.status_line())
             self.log.info("sitsd ready", line=self.cfg.line, discarded_startup_frames=discarded, plc=self.cfg.plc.endpoint,
                           transport=self.cfg.transport.kind,
@@ -560,7 +707,7 @@ class Daemon:
 
     async def _drain_queue(self, timeout_s: float) -> None:
         end = time.monotonic() + timeout_s
-        while not self._queue.empty() and time.monotonic() < end:
+        while (not self._queue.empty() or self._in_flight is not None) and time.monotonic() < end:
             await asyncio.sleep(0.01)
 
     def reload_config(self) -> dict:

@@ -2,10 +2,17 @@
 binding, event and frame subscriptions) and send commands as writes or method calls.
 
 Owned by the daemon's I/O thread; a reconnect builds a new session the same way.
+
+A dead session is reported through `on_lost(reason)`, never by raising into the caller: asyncua's
+connection supervisor (the socket closing, or its server-state probe every `WATCHDOG_S` failing)
+fires the client's `connection_lost_callback`, and the frame subscription reports its end
+(`plc.opcua_source`). Reports from a session that was already replaced or closed are ignored.
+The daemon decides what to do (sitsd/daemon.py: `_link_down`, `_reconnect`).
 """
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 from asyncua import Client, ua
@@ -23,12 +30,17 @@ from .errors import StartupError
 _CERT_REFUSED = {ua.StatusCodes.BadSecurityChecksFailed, ua.StatusCodes.BadCertificateUntrusted,
                  ua.StatusCodes.BadCertificateInvalid, ua.StatusCodes.BadIdentityTokenRejected,
                  ua.StatusCodes.BadCertificateUriInvalid, ua.StatusCodes.BadCertificateUseNotAllowed}
+# asyncua reads the server state this often (and gives the read as long to answer) to catch a PLC that went
+# away without closing the socket: a dead link is noticed within about 2 * WATCHDOG_S
+WATCHDOG_S = 1.0
+CLOSE_TIMEOUT_S = 1.0  # a polite CloseSession to a PLC that may be gone waits no longer than this
 
 
 class PlcLink:
     def __init__(self, cfg: Config, *, signer, source, on_plc_event, device_key_file: Path, model_sha256: bytes,
-                 log) -> None:
+                 log, on_lost: Callable[[str], None] | None = None) -> None:
         self.cfg = cfg
+        self.on_lost = on_lost
         self.signer = signer
         self.source = source
         self.on_plc_event = on_plc_event
@@ -38,14 +50,34 @@ class PlcLink:
         self.client: Client | None = None
         self.command_node = None
         self.command_owner = None
+        self._generation = 0  # bumped by connect() and close(): loss reports of older sessions are ignored
 
     @property
     def connected(self) -> bool:
         return self.command_node is not None
 
+    @property
+    def generation(self) -> int:
+        """Identifies the current session; pass it to report_lost() for something noticed on it."""
+        return self._generation
+
+    def report_lost(self, generation: int, reason: str) -> None:
+        """The session `generation` is dead; ignored when that session was already replaced or closed."""
+        if generation == self._generation and self.on_lost is not None:
+            self.on_lost(reason)
+
     async def connect(self) -> None:
         p = self.cfg.plc
-        client = Client(p.endpoint, timeout=p.timeout_s)
+        self._generation += 1
+        generation = self._generation
+        # auto_reconnect stays off: a new session has to be checked and bound (tpm-session) again, which
+        # is connect()'s job, and requests must fail at once instead of waiting for asyncua to reconnect
+        client = Client(p.endpoint, timeout=p.timeout_s, watchdog_intervall=WATCHDOG_S, auto_reconnect=False)
+
+        async def connection_lost(exc: Exception) -> None:  # asyncua's supervisor, on the I/O thread
+            self.report_lost(generation, f"session lost: {exc!r}")
+
+        client.connection_lost_callback = connection_lost
         validator = None
         try:
             if p.security != "none":
@@ -94,11 +126,12 @@ class PlcLink:
             if isinstance(self.source, OpcUaSubscriptionSource):
                 frames = await resolve_node(client, self.cfg.transport.node, "transport.node")
                 try:
-                    await self.source.subscribe(client, frames)
+                    await self.source.subscribe(client, frames,
+                                                on_lost=lambda reason: self.report_lost(generation, reason))
                 except TransportError as exc:
                     raise StartupError(str(exc)) from exc
         except BaseException:
-            await client.disconnect()
+            await _close_client(client)
             raise
         self.client, self.command_node, self.command_owner = client, node, owner
 
@@ -153,12 +186,27 @@ class PlcLink:
         else:
             await self.command_node.write_value(ua.DataValue(value))
 
+    def mark_lost(self) -> None:
+        """Stop using this session at once (`connected` turns False); close() tears it down."""
+        self.command_node = self.command_owner = None
+
     async def close(self) -> None:
-        if self.client is not None:
-            try:
-                await self.client.disconnect()
-            except Exception:  # the session is already gone; nothing to close cleanly
-                pass
+        """Forget the session and close it; bounded, so a PLC that is gone cannot hold up a reconnect."""
+        client, self.client = self.client, None
+        self.command_node = self.command_owner = None
+        self._generation += 1  # what the old client still reports is ignored
+        if client is not None:
+            await _close_client(client)
+
+
+async def _close_client(client: Client) -> None:
+    try:
+        await asyncio.wait_for(client.disconnect(), CLOSE_TIMEOUT_S)
+    except Exception:  # the session is already gone (or not answering): drop the socket
+        try:
+            client.disconnect_socket()
+        except Exception:
+            pass
 
 
 async def resolve_node(client: Client, text: str, field: str) -> ua.NodeId:

@@ -302,6 +302,12 @@ class PtpSection(_Section):
     policy: Literal["warn", "drop", "failsafe"] = Field(
         default="warn", description="unsynchronised clock: alert only, drop frames, or send the fail-safe")
     poll_s: float = Field(default=1.0, gt=0)
+    # a NIC's hardware RX stamp reads its PHC, which ptp4l steers to the PTP timescale (TAI); the sender's
+    # stamp is UTC, so hardware stamps are moved to UTC before transit = RX - sender is taken
+    phc_timescale: Literal["tai", "utc"] = Field(
+        default="tai", description="clock of the NIC's PHC: tai (ptp4l/gPTP, the usual case) or utc (ARB timescale)")
+    utc_offset_s: int = Field(default=37, ge=0, le=100, description="TAI - UTC subtracted from hardware RX stamps "
+                              "when phc_timescale is tai (pmc 'GET TIME_PROPERTIES_DATA_SET': currentUtcOffset)")
 
 
 class TimingSection(_Section):
@@ -314,6 +320,9 @@ class TimingSection(_Section):
     replay_window: int = Field(default=64, ge=1, le=32767, description="sequence numbers remembered per writer")
     require_hardware_stamps: bool = False
     max_consecutive_drops: int = Field(default=5, ge=1)
+    frame_timeout_ms: float | None = Field(
+        default=None, gt=0, description="no frame for this long: frame_timeout alert (opcua-subscription also "
+        "rebuilds the PLC session and subscription); unset: 50 x cycle_ms, at least 1000 ms")
     ptp: PtpSection = PtpSection()
 
 
