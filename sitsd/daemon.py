@@ -7,6 +7,7 @@ Work crosses from the loop to the I/O thread through `call_soon_threadsafe` into
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import statistics
 import threading
 import time
@@ -107,6 +108,7 @@ class Daemon:
         self.link: PlcLink | None = None
         # the PLC link (sitsd/plc_link.py): losses however noticed, reconnects, commands not sent meanwhile
         self._link_lost: asyncio.Event | None = None
+        self._reload_lock = threading.Lock()  # SIGHUP and `sitsctl reload` never apply two configs at once
         self._in_flight: Outgoing | None = None  # the command the writer is sending (drained before stopping)
         self.link_losses = 0
         self.link_reconnects = 0
@@ -169,12 +171,19 @@ class Daemon:
         try:
             if isinstance(t, OpcUaSubscriptionTransport):
                 self.source = OpcUaSubscriptionSource(len(names), t.publishing_interval_ms)
-            elif isinstance(t, UadpEthTransport):
-                self.source = EthFrameSource(t.url, t.interface, compile_layout(len(names), t.field_encoding),
-                                             t.publisher_id, t.dataset_writer_id)
             else:
-                self.source = UdpFrameSource(t.url, compile_layout(len(names), t.field_encoding), t.interface,
-                                             t.publisher_id, t.dataset_writer_id)
+                # a NIC's hardware RX stamps read its PHC (TAI under ptp4l): moved to UTC with the configured offset
+                stamps = {"phc_timescale": cfg.timing.ptp.phc_timescale, "utc_offset_s": cfg.timing.ptp.utc_offset_s}
+                if isinstance(t, UadpEthTransport):
+                    self.source = EthFrameSource(t.url, t.interface, compile_layout(len(names), t.field_encoding),
+                                                 t.publisher_id, t.dataset_writer_id, **stamps)
+                else:
+                    self.source = UdpFrameSource(t.url, compile_layout(len(names), t.field_encoding), t.interface,
+                                                 t.publisher_id, t.dataset_writer_id, **stamps)
+                hw = getattr(self.source, "hw_stamps", None)
+                if hw is not None:
+                    self.log.info("rx timestamps", hardware=getattr(hw, "action", None),
+                                  detail=getattr(hw, "detail", str(hw)))
         except TransportError as exc:
             raise StartupError(str(exc)) from exc
         try:
@@ -259,7 +268,8 @@ class Daemon:
         c.commands += 1
         c.failsafe += 1
         self.audit.append({"seq": cmd.sequence, "frame_seq": 0, "values": values, "failsafe": True, "sent_ns": now,
-                           "outcome": "acknowledged", "ack_ns": ack, "envelope": envelope.hex(), "reason": "startup"})
+                           "outcome": "acknowledged", "ack_ns": ack, "input_sha256": None,  # from no frame
+                           "model_sha256": self.model.sha256.hex(), "envelope": envelope.hex(), "reason": "startup"})
         self.log.info("PLC accepted the startup fail-safe command", rtt_ms=round((ack - now) / 1e6, 2))
 
     # -- the I/O thread ----------------------------------------------------------------------------
@@ -321,6 +331,10 @@ class Daemon:
         """Every command that reached the wire: acknowledged, rejected by the PLC, or unconfirmed."""
         record = {"seq": item.sequence, "frame_seq": item.frame_sequence, "values": item.values,
                   "failsafe": item.failsafe, "sent_ns": item.sender_timestamp_ns, "outcome": outcome,
+                  # what the command follows from: the frame's inputs (SHA-256 of its values, float64 little-endian
+                  # in config signal order) and the model (as in the envelope), readable without decoding CBOR
+                  "input_sha256": hashlib.sha256(item.inputs).hexdigest() if item.inputs else None,
+                  "model_sha256": item.model_sha256.hex() if item.model_sha256 else None,
                   "envelope": item.envelope.hex(), **extra}
         if getattr(self, "prover", None) is not None:  # the proof this command will get (sitsd/prover.py)
             record.update(self.prover.reference(item.sequence))
@@ -711,15 +725,21 @@ class Daemon:
             await asyncio.sleep(0.01)
 
     def reload_config(self) -> dict:
-        """Re-read the config file and apply what can change live (I/O thread)."""
+        """Re-read the config file and apply what can change live. Blocking (the new rules are proven
+        against the running model, a fraction of a second): call it off the I/O event loop, as
+        `reload_in_background` (SIGHUP) and the control command do; one reload at a time."""
         from .reload import reload
 
         if self.config_path is None:
             return {"reloaded": False, "error": "this daemon was not started from a config file"}
         return reload(self, self.config_path, self.config_overrides)
 
-    def _reload_request(self, _req: dict) -> dict:
-        return self.reload_config()
+    def reload_in_background(self) -> None:
+        """SIGHUP: the reload runs on a worker thread, so PLC commands keep flowing while it is proven."""
+        asyncio.get_running_loop().run_in_executor(None, self.reload_config)
+
+    async def _reload_request(self, _req: dict) -> dict:
+        return await asyncio.to_thread(self.reload_config)
 
     def _stop_request(self, _req: dict) -> dict:
         self._stop.set()

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, daemon.request_stop)
         # SIGHUP re-reads the config and applies what can change live (systemctl reload sitsd)
-        loop.add_signal_handler(signal.SIGHUP, daemon.reload_config)
+        loop.add_signal_handler(signal.SIGHUP, daemon.reload_in_background)
         return await daemon.serve()
 
     return asyncio.run(run())

@@ -188,6 +188,8 @@ class DaemonCollector:
         yield _counter("sitsd_alerts", "Alerts raised, by kind.", None, ["kind"], _snapshot(d.alert_counts))
         yield _counter("sitsd_plc_events", "PLC events decoded by the vendor profile, by code.", None, ["code"],
                        _snapshot(d.plc_event_counts))
+        yield _counter("sitsd_link_errors", "Transient socket errors of the frame source (link down, no buffers); "
+                       "the source backs off and recovers by itself.", float(getattr(source, "link_errors", 0) or 0))
         yield _counter("sitsd_malformed_frames", "Frames the transport could not decode.",
                        getattr(source, "malformed", 0) if source is not None else 0)
         yield _counter("sitsd_lost_frames", "Frames missing from sequence number gaps.",

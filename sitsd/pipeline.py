@@ -44,6 +44,8 @@ class Outgoing:
     handoff_ns: int
     failsafe: bool
     values: tuple[float, ...]
+    model_sha256: bytes = b""  # the model the command came from (the one in the envelope)
+    inputs: bytes = b""  # the frame's signal values the gates passed: float64, config signal order (audit digest)
 
 
 class Counters:
@@ -291,4 +293,4 @@ class ControlLoop:
             c.failsafe += 1
         c.submitted += 1
         self.submit(Outgoing(row, envelope, self.sequence, frame.sequence_number, frame.sender_timestamp_ns,
-                             deadline, time.time_ns(), failsafe, out))
+                             deadline, time.time_ns(), failsafe, out, cmd.model_sha256, frame.values.tobytes()))

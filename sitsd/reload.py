@@ -92,7 +92,16 @@ def apply(daemon, new: Config) -> None:
 
 
 def reload(daemon, path: Path, overrides: dict | None = None) -> dict:
-    """Load, check and apply; tells systemd RELOADING=1 ... READY=1 around it. Returns the outcome."""
+    """Load, check and apply; tells systemd RELOADING=1 ... READY=1 around it. Returns the outcome. One at a
+    time (SIGHUP, `sitsctl reload`, `update --config` and a live deploy all come here)."""
+    import threading
+
+    lock = getattr(daemon, "_reload_lock", None) or threading.Lock()
+    with lock:
+        return _reload(daemon, path, overrides)
+
+
+def _reload(daemon, path: Path, overrides: dict | None = None) -> dict:
     daemon.notifier.send(f"RELOADING=1\nMONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
     from attestation.signatures import SignatureError
 

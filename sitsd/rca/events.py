@@ -31,6 +31,8 @@ _ALERT_KINDS = {
     "publisher_restart": ("plc", "plc.restart"),
     "plc_rejected": ("network", "plc_link.rejected"),
     "plc_write": ("network", "plc_link.write"),
+    "plc_link": ("network", "plc_link.lost"),  # the PLC session died (restart, cable): sitsd reconnects
+    "frame_timeout": ("network", "plc_link.frames"),  # no frame for timing.frame_timeout_ms
     "runtime": ("runtime", "runtime"),
     "loop_crashed": ("runtime", "runtime.loop_crashed"),
     "reload": ("update", "update.reload"),

@@ -1,9 +1,10 @@
 """sitsd as a process: startup refusals say what is wrong and how to fix it."""
+import hashlib
 import subprocess
 
 from attestation.signers import SoftwareSigner
 
-from ..conftest import EXAMPLE_CONFIG, REPO, sitsd_args, wait_ready
+from ..conftest import DEMO_MODEL, EXAMPLE_CONFIG, REPO, sitsd_args, wait_ready
 
 
 def test_plc_that_does_not_trust_the_key_refuses_startup(plcsim, tmp_path):
@@ -106,6 +107,16 @@ def test_plc_restart_reconnects_and_commands_resume(plcsim, tmp_path):
     assert acked <= applied <= acked + unconfirmed
     assert unconfirmed <= 2
     assert "reconnected to PLC" in (tmp_path / "sitsd.log").read_text()
+    # each record names what the command follows from: the model (as in its envelope) and the inputs' digest
+    from attestation.envelope import decode
+
+    model_sha = hashlib.sha256(DEMO_MODEL.read_bytes()).hexdigest()
+    assert records[0].get("reason") == "startup" and records[0]["input_sha256"] is None  # from no frame
+    for r in records[:50]:
+        env, _ = decode(bytes.fromhex(r["envelope"]))
+        assert r["model_sha256"] == env.command.model_sha256.hex() == model_sha
+        assert r is records[0] or len(r["input_sha256"]) == 64
+    assert len({r["input_sha256"] for r in records}) > len(records) // 2  # frames differ, so do their digests
 
 
 def test_pinned_model_hash_mismatch_refuses_startup(tmp_path):
