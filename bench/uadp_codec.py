@@ -7,7 +7,10 @@ declares (the three encoders produce identical bytes; checked before timing). A 
 (several DataSetMessages, DataValue and delta frames, strings, arrays) compares the two general
 codecs. Calls are timed in batches so timer overhead stays out of sub-microsecond numbers; the
 figures are medians of per-call ns over the batches. The last line of stdout with --json is one
-JSON object (keys encode_ns/decode_ns are the fast path).
+JSON object (keys encode_ns/decode_ns are the fast path). The `source` figures time a frame source's
+per-message work without a socket: the fast path with the publisher/group/writer filter and the Frame,
+the general-decoder fallback for the same message sent with DataValue field encoding, and skipping
+another publisher's DataValue message by its headers alone.
 """
 from __future__ import annotations
 
@@ -121,12 +124,45 @@ def run(iterations: int) -> dict:
         "asyncua_encode_ns": _median_ns(mixed_theirs.to_binary, iterations),
         "asyncua_decode_ns": _median_ns(lambda: aua.UadpNetworkMessage.from_binary(Buffer(mdata)), iterations),
     }
+    r["source"] = source_costs(iterations)
     r["decode_speedup"] = r["asyncua_decode_ns"] / r["decode_ns"]
     r["encode_speedup"] = r["asyncua_encode_ns"] / r["encode_ns"]
     r["general_decode_speedup"] = r["asyncua_decode_ns"] / r["general_decode_ns"]
     r["general_encode_speedup"] = r["asyncua_encode_ns"] / r["general_encode_ns"]
     r["mixed"] = {k: round(v, 2) for k, v in r["mixed"].items()}
+    r["source"] = {k: round(v, 2) for k, v in r["source"].items()}
     return {k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}
+
+
+def source_costs(iterations: int) -> dict:
+    """Per-message ns of UadpSocketSource._frame (no socket): fast path, fallback, foreign skip."""
+    from plc.frame import RxStampSource
+    from plc.socket_source import UadpSocketSource
+
+    fixed, general, _ = demo_messages()
+    layout = FixedLayout(6)
+    src = UadpSocketSource(None, layout, 7, 2, buffer_size=0, writer_group_id=1)
+    fast = layout.encode(fixed)
+    ds = general.messages[0]
+    dv = [ua.DataValue(v) for v in ds.fields]
+    as_dv = NetworkMessage((DataSetMessage(tuple(dv), field_encoding=FieldEncoding.DATA_VALUE,
+                                           sequence_number=ds.sequence_number, timestamp=ds.timestamp),),
+                           **{k: getattr(general, k) for k in ("publisher_id", "publisher_id_type", "writer_group_id",
+                                                               "sequence_number", "dataset_writer_ids", "timestamp")})
+    fallback = encode(as_dv)
+    foreign = encode(NetworkMessage(as_dv.messages, publisher_id=8, publisher_id_type=PublisherIdType.UINT16,
+                                    writer_group_id=1, sequence_number=3, dataset_writer_ids=(2,),
+                                    timestamp=as_dv.timestamp))
+    user = RxStampSource.USER
+    frame = src._frame(fallback, 0, user)
+    if frame is None or frame.values.tolist() != list(fixed.values) or src.fallback_decodes != 1:
+        raise SystemExit(f"the fallback did not decode the DataValue message: {src.last_error}")
+    if src._frame(foreign, 0, user) is not None or src.foreign != 1:
+        raise SystemExit("another publisher's message was not skipped as foreign")
+    return {"fast_frame_ns": _median_ns(lambda: src._frame(fast, 0, user), iterations),
+            "fallback_frame_ns": _median_ns(lambda: src._frame(fallback, 0, user), iterations),
+            "fallback_message_bytes": len(fallback),
+            "foreign_skip_ns": _median_ns(lambda: src._frame(foreign, 0, user), iterations)}
 
 
 _PUBLISHER = """
@@ -206,6 +242,10 @@ def table(r: dict) -> str:
     for op in ("encode", "decode"):
         gn, au = m[f"general_{op}_ns"], m[f"asyncua_{op}_ns"]
         rows.append(f"  {op:8}{'-':>10}{gn:>10.0f}{au:>10.0f}   {'-':>12}   {au / gn:>14.1f}x")
+    c = r["source"]
+    rows.append(f"frame source per message: fast path {c['fast_frame_ns']:.0f} ns, general-decoder fallback "
+                f"{c['fallback_frame_ns']:.0f} ns (DataValue fields, {c['fallback_message_bytes']} B), "
+                f"another publisher skipped {c['foreign_skip_ns']:.0f} ns")
     return "\n".join(rows)
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from .errors import TransportError
 from .frame import Frame
 from .socket_source import UadpSocketSource, is_transient
-from .uadp import FixedLayout
+from .uadp import FixedLayout, RawDoubleLayout
 from .timestamps import (RX_TIMESTAMPING_FLAGS, SO_TIMESTAMPING, TAI_UTC_OFFSET_S, enable_hardware_rx_stamps,
                          phc_utc_offset_ns, rx_stamp_from_cmsg)
 
@@ -85,15 +85,16 @@ def _ifindex(interface: str) -> int:
 class EthFrameSource(UadpSocketSource):
     """Reads UADP messages of one fixed layout from an interface, on the calling thread.
 
+    `publisher_id`, `writer_group_id`, `writer_id`: as for `plc.udp.UdpFrameSource`.
     `hardware_stamps`: ask the NIC to stamp every received frame (SIOCSHWTSTAMP); refused or
     unsupported leaves software stamps, described in `hw_stamps.detail`. `phc_timescale` and
     `utc_offset_s`: the PHC's clock (tai under ptp4l, the default) and TAI - UTC, to turn a hardware
     stamp into the UTC the sender stamps with.
     """
 
-    def __init__(self, url: str, interface: str, layout: FixedLayout,
-                 publisher_id: int | None = None, writer_id: int | None = None, *,
-                 hardware_stamps: bool = True, phc_timescale: str = "tai",
+    def __init__(self, url: str, interface: str, layout: FixedLayout | RawDoubleLayout,
+                 publisher_id: int | str | None = None, writer_id: int | None = None, *,
+                 writer_group_id: int | None = None, hardware_stamps: bool = True, phc_timescale: str = "tai",
                  utc_offset_s: int = TAI_UTC_OFFSET_S) -> None:
         self.address = parse_eth_url(url)
         self.interface = interface
@@ -110,7 +111,8 @@ class EthFrameSource(UadpSocketSource):
         except OSError as exc:
             sock.close()
             raise TransportError(f"{url}: cannot listen on interface {interface!r}: {exc}") from exc
-        super().__init__(sock, layout, publisher_id, writer_id, buffer_size=9216, where=f"{url} on {interface}")
+        super().__init__(sock, layout, publisher_id, writer_id, buffer_size=9216, where=f"{url} on {interface}",
+                         writer_group_id=writer_group_id)
         self.last_vid = -1
         if hardware_stamps:
             self.hw_stamps = enable_hardware_rx_stamps(interface)

@@ -6,6 +6,9 @@ PKI directory layout, as OPC UA stacks use it:
     rejected/certs/                     peer certificates that were refused, saved for review
 An operator trusts a rejected peer by moving its file from rejected/certs to trusted/certs.
 The trust list is re-read on every connection attempt, so that takes effect without a restart.
+
+The daemon runs as its own user and writes rejected/certs itself; `sitsctl pki` runs as root and hands
+what it creates to that user (`Pki.hand_over`), so that the key (0600) stays readable by the daemon.
 """
 from __future__ import annotations
 
@@ -95,6 +98,23 @@ class Pki:
             fh.write(cert_gen.dump_private_key_as_pem(key))
         self.own_cert.write_bytes(cert.public_bytes(serialization.Encoding.DER))
         return cert
+
+    def hand_over(self, uid: int, gid: int) -> list[Path]:
+        """Give the whole PKI tree (the root, own/, the key, the trust and reject lists) to uid:gid, so that
+        a daemon running as that user can read its key and save refused certificates. Symbolic links are
+        changed themselves, never followed. Returns the paths whose owner or group changed."""
+        changed: list[Path] = []
+        if not self.root.exists():
+            return changed
+        paths = [self.root]
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            paths += [Path(dirpath, n) for n in dirnames + filenames]
+        for path in paths:
+            st = path.lstat()
+            if (st.st_uid, st.st_gid) != (uid, gid):
+                os.chown(path, uid, gid, follow_symlinks=False)
+                changed.append(path)
+        return changed
 
     def trust(self, cert: x509.Certificate) -> Path:
         self.trusted.mkdir(parents=True, exist_ok=True)

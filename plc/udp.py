@@ -26,7 +26,7 @@ from .frame import Frame
 from .socket_source import UadpSocketSource, is_transient
 from .timestamps import (RX_TIMESTAMPING_FLAGS, SO_TIMESTAMPING, TAI_UTC_OFFSET_S, HwStampSetup,
                          enable_hardware_rx_stamps, phc_utc_offset_ns, rx_stamp_from_cmsg)
-from .uadp import FixedLayout
+from .uadp import FixedLayout, RawDoubleLayout
 
 SIOCGIFADDR = 0x8915
 
@@ -69,13 +69,15 @@ def interface_of_address(address: str) -> tuple[str, int] | None:
 class UdpFrameSource(UadpSocketSource):
     """Reads UADP messages of one fixed layout from a UDP socket on the calling thread.
 
+    `publisher_id`, `writer_group_id`, `writer_id`: messages naming others are skipped and counted in
+    `foreign` (None: not checked); what the layout refuses may still be decoded (see UadpSocketSource).
     `hardware_stamps`, `phc_timescale`, `utc_offset_s`: as for `plc.eth.EthFrameSource`; the NIC is
     the one that owns `interface` (an address; 0.0.0.0 names no NIC, so nothing is attempted).
     """
 
-    def __init__(self, url: str, layout: FixedLayout, interface: str = "0.0.0.0",
-                 publisher_id: int | None = None, writer_id: int | None = None, *,
-                 hardware_stamps: bool = True, phc_timescale: str = "tai",
+    def __init__(self, url: str, layout: FixedLayout | RawDoubleLayout, interface: str = "0.0.0.0",
+                 publisher_id: int | str | None = None, writer_id: int | None = None, *,
+                 writer_group_id: int | None = None, hardware_stamps: bool = True, phc_timescale: str = "tai",
                  utc_offset_s: int = TAI_UTC_OFFSET_S) -> None:
         self.url = url
         self.interface = interface
@@ -95,7 +97,8 @@ class UdpFrameSource(UadpSocketSource):
         except OSError as exc:
             sock.close()
             raise TransportError(f"{url}: cannot open UDP receiver on interface {interface}: {exc}") from exc
-        super().__init__(sock, layout, publisher_id, writer_id, buffer_size=65536, where=f"{url} on {interface}")
+        super().__init__(sock, layout, publisher_id, writer_id, buffer_size=65536, where=f"{url} on {interface}",
+                         writer_group_id=writer_group_id)
         self.port = sock.getsockname()[1]
         if hardware_stamps and nic:
             self.hw_stamps = enable_hardware_rx_stamps(nic[0])

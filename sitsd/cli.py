@@ -189,12 +189,44 @@ def _cmd_check(args) -> int:
 
 
 def _cmd_pki(args) -> int:
+    def _pki_owner(spec: str | None) -> tuple[int, int, str] | None:
+        """`--owner USER[:GROUP]` as (uid, gid, name); None: leave files as they are. Without --owner:
+        the daemon's user sitsd (and its primary group) when that user exists here."""
+        import grp
+        import pwd
+
+        if spec is None:
+            try:
+                pw = pwd.getpwnam("sitsd")
+            except KeyError:
+                print("note: there is no user sitsd on this machine, files keep their owner "
+                      f"(uid {os.geteuid()}); give --owner USER when the daemon runs as another user")
+                return None
+            return pw.pw_uid, pw.pw_gid, "sitsd"
+        user, _, group = spec.partition(":")
+        try:
+            pw = pwd.getpwnam(user)
+        except KeyError:
+            raise SystemExit(f"sitsctl pki: --owner {spec}: no user {user!r} on this machine") from None
+        try:
+            gid = grp.getgrnam(group).gr_gid if group else pw.pw_gid
+        except KeyError:
+            raise SystemExit(f"sitsctl pki: --owner {spec}: no group {group!r} on this machine") from None
+        return pw.pw_uid, gid, spec if group else user
+
     from plc.opcua_security import Pki, subject_cn, thumbprint
 
     from .config import load_config
 
     cfg = load_config(args.config, parse_overrides(args.set))
     pki = Pki(cfg.plc.pki_dir)
+    owner = None
+    if args.action in ("init", "trust"):
+        # decided before anything is written: a refusal leaves nothing half-owned behind
+        owner = _pki_owner(args.owner)
+        if owner is not None and os.geteuid() != 0 and owner[0] != os.geteuid():
+            raise SystemExit(f"sitsctl pki {args.action}: only root can give files to {owner[2]}; run it as root "
+                             f"(sudo sitsctl pki {args.action} ...), or as {owner[2]} itself")
     if args.action == "init":
         if pki.has_own() and not args.force:
             cert = pki.load_own()
@@ -202,8 +234,6 @@ def _cmd_pki(args) -> int:
         else:
             cert = pki.create_own(cfg.plc.application_uri, f"sitsd {cfg.line}", server=False)
             print(f"created {pki.own_cert} and {pki.own_key} (CN={subject_cn(cert)}, SHA-1 {thumbprint(cert)})")
-        print(f"next: add {pki.own_cert} to the PLC's trusted client certificates, and put the PLC's "
-              f"certificate into {pki.trusted} (or `sitsctl pki trust --config ... CERT`)")
     elif args.action == "trust":
         from cryptography import x509
 
@@ -223,6 +253,15 @@ def _cmd_pki(args) -> int:
             print(f"{label:8} {len(files)} certificate(s) in {folder}")
             for f in files:
                 print(f"           {f.name}")
+        return 0
+    if owner is not None:
+        uid, gid, name = owner
+        changed = pki.hand_over(uid, gid)
+        print(f"owner: {pki.root} and everything in it belong to {name} (uid {uid}, gid {gid})"
+              + (f"; changed {len(changed)} path(s)" if changed else "; nothing to change"))
+    if args.action == "init":
+        print(f"next: add {pki.own_cert} to the PLC's trusted client certificates, and put the PLC's "
+              f"certificate into {pki.trusted} (or `sitsctl pki trust --config ... CERT`)")
     return 0
 
 
@@ -316,12 +355,17 @@ def build_parser() -> argparse.ArgumentParser:
     pki = sub.add_parser("pki", help="OPC UA certificates: create this device's, trust the PLC's, list both",
                          description="Manages plc.pki_dir: own/cert.der and own/private/key.pem (this device), "
                          "trusted/certs (PLC certificates sitsd accepts), rejected/certs (refused ones, saved "
-                         "for review: move a file to trusted/certs to accept it).")
+                         "for review: move a file to trusted/certs to accept it). Run init and trust as root: "
+                         "they hand what they write to the daemon's user (--owner).")
     pki.add_argument("action", choices=("init", "trust", "show"))
     pki.add_argument("certificate", nargs="?", type=Path, help="for trust: the PLC certificate (DER or PEM)")
     pki.add_argument("--config", type=Path, required=True)
     pki.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
     pki.add_argument("--force", action="store_true", help="init: replace an existing certificate")
+    pki.add_argument("--owner", metavar="USER[:GROUP]", default=None,
+                     help="init, trust: give plc.pki_dir and everything in it to this user (and its group, or "
+                     "GROUP), so that the daemon can read its key and save refused certificates; needs root. "
+                     "Default: the daemon's user sitsd when it exists, else files keep their owner")
     pki.set_defaults(func=_cmd_pki)
 
     __import__("sitsd.cli_update").cli_update.register(sub)  # sitsctl update / rollback (hot swap)

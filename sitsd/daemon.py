@@ -174,12 +174,15 @@ class Daemon:
             else:
                 # a NIC's hardware RX stamps read its PHC (TAI under ptp4l): moved to UTC with the configured offset
                 stamps = {"phc_timescale": cfg.timing.ptp.phc_timescale, "utc_offset_s": cfg.timing.ptp.utc_offset_s}
+                # the fast path is compiled for the configured PublisherId type (a string id: its length);
+                # frames of other publishers, writer groups and writers are skipped and counted
+                layout = compile_layout(len(names), t.field_encoding, t.publisher_id_type, t.publisher_id)
                 if isinstance(t, UadpEthTransport):
-                    self.source = EthFrameSource(t.url, t.interface, compile_layout(len(names), t.field_encoding),
-                                                 t.publisher_id, t.dataset_writer_id, **stamps)
+                    self.source = EthFrameSource(t.url, t.interface, layout, t.publisher_id, t.dataset_writer_id,
+                                                 writer_group_id=t.writer_group_id, **stamps)
                 else:
-                    self.source = UdpFrameSource(t.url, compile_layout(len(names), t.field_encoding), t.interface,
-                                                 t.publisher_id, t.dataset_writer_id, **stamps)
+                    self.source = UdpFrameSource(t.url, layout, t.interface, t.publisher_id, t.dataset_writer_id,
+                                                 writer_group_id=t.writer_group_id, **stamps)
                 hw = getattr(self.source, "hw_stamps", None)
                 if hw is not None:
                     self.log.info("rx timestamps", hardware=getattr(hw, "action", None),
@@ -596,6 +599,10 @@ class Daemon:
                                 if self.loop is not None and self.loop.last_rx_source >= 0 else None),
             "vlan_pcp": self.loop.last_vlan_pcp if self.loop is not None else -1,
             "ptp": self.ptp_status.describe(self.cfg.timing.ptp.max_offset_ns) if self.ptp_status else None,
+            # frame source: decode fast path vs general-decoder fallback, other publishers' traffic, keep-alives,
+            # the link (UADP sources; an OPC UA subscription has none of these)
+            "source": ({**self.source.decode_status(), **self.source.link_status()}
+                       if hasattr(self.source, "decode_status") else None),
             "counters": {**c.as_dict(), "dropped": c.dropped_timestamp + c.dropped_constraint,
                          "lost": self.loop.ts_gate.lost if self.loop else 0,
                          "malformed": self.source.malformed if self.source else 0,

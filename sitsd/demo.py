@@ -232,9 +232,10 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
                 next_report += 1.0
             if done or daemon.loop.crashed is not None or not thread.is_alive():
                 break
-        plc_stats = sim.ask("stats", "stats")
         daemon.request_stop()
         thread.join(10)
+        # after the daemon stopped: the commands its shutdown drain still wrote are in the PLC's count too
+        plc_stats = sim.ask("stats", "stats")
         status = daemon.status()
         sim.close()
         sim = None

@@ -190,6 +190,13 @@ class DaemonCollector:
                        _snapshot(d.plc_event_counts))
         yield _counter("sitsd_link_errors", "Transient socket errors of the frame source (link down, no buffers); "
                        "the source backs off and recovers by itself.", float(getattr(source, "link_errors", 0) or 0))
+        decode = source.decode_status() if hasattr(source, "decode_status") else {}
+        yield _counter("sitsd_fallback_decodes", "Frames the compiled fast path refused and the general UADP decoder "
+                       "delivered (the slow path is in use).", float(decode.get("fallback_decodes", 0)))
+        yield _counter("sitsd_foreign_frames", "Messages of other publishers, writer groups or writers (skipped).",
+                       float(decode.get("foreign", 0)))
+        yield _counter("sitsd_keepalive_frames", "Keep-alive messages of the configured writer (no data, skipped).",
+                       float(decode.get("keep_alives", 0)))
         yield _counter("sitsd_malformed_frames", "Frames the transport could not decode.",
                        getattr(source, "malformed", 0) if source is not None else 0)
         yield _counter("sitsd_lost_frames", "Frames missing from sequence number gaps.",

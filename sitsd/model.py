@@ -33,7 +33,12 @@ def stream_id(cfg: Config) -> int:
     t = cfg.transport
     if isinstance(t, OpcUaSubscriptionTransport):
         return 0
-    return (t.publisher_id << 16) | t.dataset_writer_id
+    pid = t.publisher_id
+    if isinstance(pid, int) and pid < 1 << 47:
+        return (pid << 16) | t.dataset_writer_id  # as before: existing stream state keeps its id
+    # a string or a wide (uint64) PublisherId: a stable 63-bit digest of both ids (the pool's id range)
+    digest = hashlib.sha256(f"{type(pid).__name__}:{pid}/{t.dataset_writer_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
 
 
 def state_directory(cfg: Config) -> Path:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 _NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
@@ -224,7 +224,7 @@ class PlcSection(_Section):
     diagnostic_node: str | None = Field(default=None, description="latest diagnostic text, parsed by the profile")
     security: Literal["none", "sign", "sign-and-encrypt"] = Field(
         default="sign-and-encrypt", description="Basic256Sha256 message security of the OPC UA session")
-    pki_dir: Path = Field(default=Path("/etc/sits2026/pki"),
+    pki_dir: Path = Field(default=Path("/var/lib/sitsd/pki"),
                           description="own/cert.der, own/private/key.pem, trusted/certs, rejected/certs")
     application_uri: str = Field(default="urn:sits2026:sitsd", min_length=1)
     timeout_s: float = Field(default=4.0, gt=0)
@@ -249,6 +249,39 @@ _ADDRESS_FIELDS = ("command_node", "command_object", "session_nonce_node", "sess
                    "diagnostic_node")
 
 
+# UADP PublisherId types (OPC 10000-14 §7.2.4.4.2, ExtendedFlags1 bits 0-2) and the largest id of each
+_PUBLISHER_ID_MAX = {"byte": 0xFF, "uint16": 0xFFFF, "uint32": 0xFFFF_FFFF, "uint64": 0xFFFF_FFFF_FFFF_FFFF}
+PublisherIdType = Literal["byte", "uint16", "uint32", "uint64", "string"]
+_PUBLISHER_ID_TYPE_DOC = ("the PublisherId's wire type, compiled into the fast path: byte, uint16 (default), uint32, "
+                          "uint64 or string")
+_PUBLISHER_ID_DOC = "a number that fits publisher_id_type, or a quoted string for publisher_id_type: string"
+
+
+def _check_publisher_id(v: int | str, info: ValidationInfo) -> int | str:
+    """The id must fit the declared type: a number in its range, or a non-empty string (<= 1024 UTF-8
+    bytes) for string. A quoted number still reads as a number for the numeric types, as it did when
+    publisher_id was an int field; the fast path is compiled from the type, so a mismatch is refused here."""
+    kind = info.data.get("publisher_id_type")
+    if kind is None:  # publisher_id_type itself was invalid and is reported on its own
+        return v
+    if kind == "string":
+        if not isinstance(v, str):
+            raise ValueError(f"publisher_id_type is string: quote the id, e.g. publisher_id: \"{v}\"")
+        if not v or len(v.encode("utf-8")) > 1024:
+            raise ValueError("a string publisher_id must be 1..1024 UTF-8 bytes")
+        return v
+    if isinstance(v, str):
+        if not v.isascii() or not v.isdigit():
+            raise ValueError(f"{v!r} is not a number, but publisher_id_type is {kind}; give a number in "
+                             f"0..{_PUBLISHER_ID_MAX[kind]}, or set publisher_id_type: string for a string id")
+        v = int(v)
+    if not 0 <= v <= _PUBLISHER_ID_MAX[kind]:
+        hint = ("" if kind == "uint64" or v < 0
+                else "; set publisher_id_type to the larger type the PLC sends (uint32, uint64)")
+        raise ValueError(f"{v} does not fit publisher_id_type {kind} (0..{_PUBLISHER_ID_MAX[kind]}){hint}")
+    return v
+
+
 class UadpUdpTransport(_Section):
     """UADP NetworkMessages over UDP (multicast or unicast), read by the loop thread itself."""
 
@@ -257,9 +290,12 @@ class UadpUdpTransport(_Section):
     interface: str = "0.0.0.0"
     field_encoding: Literal["variant", "raw"] = Field(
         default="variant", description="Double fields as Variants, or RawData (Annex A periodic fixed layouts)")
-    publisher_id: int = Field(ge=0, le=0xFFFF)
-    writer_group_id: int = Field(ge=0, le=0xFFFF)
+    publisher_id_type: PublisherIdType = Field(default="uint16", description=_PUBLISHER_ID_TYPE_DOC)
+    publisher_id: int | str = Field(description=_PUBLISHER_ID_DOC)
+    writer_group_id: int = Field(ge=0, le=0xFFFF, description="messages of other writer groups are skipped")
     dataset_writer_id: int = Field(ge=0, le=0xFFFF)
+
+    _publisher_id = field_validator("publisher_id")(_check_publisher_id)
 
 
 class UadpEthTransport(_Section):
@@ -269,9 +305,12 @@ class UadpEthTransport(_Section):
     url: str = Field(pattern=r"^opc\.eth://", description="opc.eth://<MAC>[:<VID>[.<PCP>]]")
     interface: str = Field(min_length=1, max_length=15, description="network interface name, e.g. eth1")
     field_encoding: Literal["variant", "raw"] = "variant"
-    publisher_id: int = Field(ge=0, le=0xFFFF)
-    writer_group_id: int = Field(ge=0, le=0xFFFF)
+    publisher_id_type: PublisherIdType = Field(default="uint16", description=_PUBLISHER_ID_TYPE_DOC)
+    publisher_id: int | str = Field(description=_PUBLISHER_ID_DOC)
+    writer_group_id: int = Field(ge=0, le=0xFFFF, description="messages of other writer groups are skipped")
     dataset_writer_id: int = Field(ge=0, le=0xFFFF)
+
+    _publisher_id = field_validator("publisher_id")(_check_publisher_id)
 
 
 class OpcUaSubscriptionTransport(_Section):

@@ -62,7 +62,8 @@ class SimulatorSettings:
     interface: str = "127.0.0.1"
     rate_hz: float = 100.0
     seed: int = 1
-    publisher_id: int = 7
+    publisher_id: int | str = 7
+    publisher_id_type: str = "uint16"  # byte | uint16 | uint32 | uint64 | string: the PublisherId's wire type
     writer_group_id: int = 1
     writer_id: int = 1
     command_timeout_s: float = 0.1
@@ -98,7 +99,8 @@ class RollingMillSimulator:
         self.fault = FaultInjector(parse_fault(settings.fault, settings.profile), self.p) if settings.fault else None
         self.closed = Stand(self.p, dt)
         self.open = Stand(self.p, dt)
-        self._layout = compile_layout(len(SIGNALS), settings.field_encoding)
+        self._layout = compile_layout(len(SIGNALS), settings.field_encoding, settings.publisher_id_type,
+                                      settings.publisher_id)
         self._lock = threading.Lock()
         self._setpoint = 0.0
         self._last_command_mono = 0.0

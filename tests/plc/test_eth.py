@@ -171,3 +171,63 @@ def test_udp_multicast_between_namespaces(veth_pair):
     assert frames[9]["values"] == [10.0, 0.5, -10.0]
     assert {f["source"] for f in frames[1:]} == {"SOFTWARE"}
     assert all(0 <= f["rx"] - f["sent"] < 1_000_000_000 for f in frames)
+
+
+LAYOUT_RECEIVER = """
+import json, sys
+from plc.eth import EthFrameSource
+from plc.uadp import compile_layout
+pid = 2**40 + 3
+src = EthFrameSource(sys.argv[1], sys.argv[2], compile_layout(3, "variant", "uint64", pid), publisher_id=pid,
+                     writer_id=1, writer_group_id=1)
+print("ready", flush=True)
+out = []
+while len(out) < 3:
+    f = src.receive(5.0)
+    if f is None:
+        break
+    out.append({"seq": f.sequence_number, "values": f.values.tolist(), "pid": f.publisher_id})
+print(json.dumps({"frames": out, **src.decode_status()}), flush=True)
+"""
+
+LAYOUT_PUBLISHER = """
+import sys, time
+from asyncua import ua
+from plc.eth import EthPublisher
+from plc.uadp import DataSetMessage, FieldEncoding, NetworkMessage, PublisherIdType, UadpMessage, compile_layout, encode
+from plc.uadp.fixed import datetime_ticks_from_ns
+pid = 2**40 + 3
+pub = EthPublisher(sys.argv[1], sys.argv[2])
+layout = compile_layout(3, "variant", "uint64", pid)
+pub.send(layout.encode(UadpMessage(pid, 2, 1, 1, 1, time.time_ns(), (0.0, 0.0, 0.0))))  # writer group 2
+pub.send(layout.encode(UadpMessage(pid, 1, 1, 2, 2, time.time_ns(), (2.0, 2.5, 3.0))))
+ticks = datetime_ticks_from_ns(time.time_ns())
+fields = tuple(ua.DataValue(ua.Variant(v, ua.VariantType.Double)) for v in (3.0, 3.5, 4.0))
+pub.send(encode(NetworkMessage((DataSetMessage(fields, field_encoding=FieldEncoding.DATA_VALUE, sequence_number=3,
+                                               timestamp=ticks),), publisher_id=pid,
+                               publisher_id_type=PublisherIdType.UINT64, writer_group_id=1, sequence_number=3,
+                               dataset_writer_ids=(1,), timestamp=ticks)))
+pub.send(layout.encode(UadpMessage(pid, 1, 1, 4, 4, time.time_ns(), (4.0, 4.5, 5.0))))
+"""
+
+
+def test_uint64_publisher_writer_group_filter_and_fallback_over_ethernet(veth_pair):
+    ns_a, if_a, ns_b, if_b = veth_pair
+    url = "opc.eth://01-00-5E-7F-00-01:100.5"
+    receiver = subprocess.Popen(["ip", "netns", "exec", ns_b, sys.executable, "-c", LAYOUT_RECEIVER, url, if_b],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert receiver.stdout.readline().strip() == "ready", receiver.stderr.read()
+        pub = subprocess.run(["ip", "netns", "exec", ns_a, sys.executable, "-c", LAYOUT_PUBLISHER, url, if_a],
+                             capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert pub.returncode == 0, pub.stderr
+        out, err = receiver.communicate(timeout=30)
+    finally:
+        if receiver.poll() is None:
+            receiver.kill()
+    assert receiver.returncode == 0, err
+    result = json.loads(out.splitlines()[-1])
+    assert [(f["seq"], f["values"], f["pid"]) for f in result["frames"]] == [
+        (2, [2.0, 2.5, 3.0], 2**40 + 3), (3, [3.0, 3.5, 4.0], 2**40 + 3), (4, [4.0, 4.5, 5.0], 2**40 + 3)]
+    assert (result["foreign"], result["fallback_decodes"], result["malformed"]) == (1, 1, 0)
+    assert "DataSetFlags1 0x8d" in result["last_fallback_reason"]

@@ -1,6 +1,10 @@
 """Basic256Sha256 between sitsd and the simulator: trust lists both ways, and errors that say which file to move."""
+import os
 import shutil
 import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 from cryptography import x509
@@ -98,3 +102,117 @@ def test_moving_the_rejected_certificate_into_the_trust_list_fixes_it(plcsim, pk
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+# sitsctl pki runs as root on the device; the daemon runs as its own user (systemd User=sitsd) and must read
+# the key (0600) and write rejected/certs. CI runs as root: there the files go to `nobody`, a user that
+# exists on every Debian machine, and the checks read and write as that user (setpriv). Without root, the
+# same code path gives the files to the current user.
+
+def _daemon_like_user() -> tuple[str, int, int]:
+    import pwd
+
+    pw = pwd.getpwnam("nobody") if os.geteuid() == 0 else pwd.getpwuid(os.geteuid())
+    return pw.pw_name, pw.pw_uid, pw.pw_gid
+
+
+@pytest.fixture
+def open_dir():
+    """A directory any user can reach (pytest's tmp_path is 0700 root: `nobody` could not get in)."""
+    path = Path(tempfile.mkdtemp(prefix="sits-pki-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+def _sitsctl_pki(capsys, *args: str) -> tuple[int, str]:
+    from sitsd.cli import main
+
+    try:
+        rc = main(["pki", *args])
+    except SystemExit as exc:
+        rc = exc.code if isinstance(exc.code, int) else 2
+        print(exc.code)
+    return rc, capsys.readouterr().out
+
+
+def _as_user(uid: int, gid: int, code: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-c", code]
+    if os.geteuid() == 0:
+        cmd = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def test_pki_init_hands_the_pki_to_the_daemon_user(capsys, open_dir):
+    name, uid, gid = _daemon_like_user()
+    root = open_dir / "pki"
+    rc, out = _sitsctl_pki(capsys, "init", "--config", str(EXAMPLE_CONFIG), "--set", f"plc.pki_dir={root}",
+                           "--owner", name)
+    assert rc == 0, out
+    assert f"belong to {name} (uid {uid}, gid {gid})" in out
+    pki = Pki(root)
+    tree = [root, *root.rglob("*")]
+    assert pki.own_key in tree and pki.rejected in tree and pki.trusted in tree
+    assert all((p.lstat().st_uid, p.lstat().st_gid) == (uid, gid) for p in tree), \
+        [(str(p), p.lstat().st_uid, p.lstat().st_gid) for p in tree]
+    assert pki.own_key.stat().st_mode & 0o777 == 0o600  # still private to the daemon's user
+    # what the daemon does with it: load its key, save a refused certificate
+    r = _as_user(uid, gid, f"from pathlib import Path; Path({str(pki.own_key)!r}).read_bytes(); "
+                           f"Path({str(pki.rejected / 'x.der')!r}).write_bytes(b'x')")
+    assert r.returncode == 0, r.stderr
+
+
+def test_pki_init_repairs_the_owner_of_an_existing_pki(capsys, open_dir):
+    """A PKI made before (as root, without --owner) is handed over by running init again, key unchanged."""
+    name, uid, gid = _daemon_like_user()
+    root = open_dir / "pki"
+    Pki(root).create_own("urn:sits2026:sitsd", "sitsd test", server=False)
+    key = Pki(root).own_key.read_bytes()
+    rc, out = _sitsctl_pki(capsys, "init", "--config", str(EXAMPLE_CONFIG), "--set", f"plc.pki_dir={root}",
+                           "--owner", name)
+    assert rc == 0 and "exists" in out and f"belong to {name}" in out, out
+    assert Pki(root).own_key.read_bytes() == key
+    assert {(p.lstat().st_uid, p.lstat().st_gid) for p in [root, *root.rglob("*")]} == {(uid, gid)}
+
+
+def test_pki_trust_hands_the_trusted_certificate_over(capsys, open_dir, tmp_path):
+    from cryptography.hazmat.primitives import serialization
+
+    name, uid, gid = _daemon_like_user()
+    plc_cert = Pki(tmp_path / "plc").create_own("urn:sits2026:plc-simulator", "plc test", server=True)
+    pem = tmp_path / "plc.pem"
+    pem.write_bytes(plc_cert.public_bytes(serialization.Encoding.PEM))
+    root = open_dir / "pki"
+    rc, out = _sitsctl_pki(capsys, "trust", str(pem), "--config", str(EXAMPLE_CONFIG),
+                           "--set", f"plc.pki_dir={root}", "--owner", name)
+    assert rc == 0 and f"SHA-1 {thumbprint(plc_cert)}" in out, out
+    (trusted,) = Pki(root).trusted.iterdir()
+    assert (trusted.stat().st_uid, trusted.stat().st_gid) == (uid, gid)
+    assert Pki(root).is_trusted(plc_cert)
+
+
+def test_pki_without_a_daemon_user_keeps_the_owner_and_says_so(capsys, open_dir):
+    """No --owner: the files go to the user sitsd where it exists (the image); elsewhere they keep their
+    owner and sitsctl says so instead of failing."""
+    import pwd
+
+    root = open_dir / "pki"
+    rc, out = _sitsctl_pki(capsys, "init", "--config", str(EXAMPLE_CONFIG), "--set", f"plc.pki_dir={root}")
+    assert rc == 0, out
+    try:
+        daemon = pwd.getpwnam("sitsd")
+    except KeyError:
+        assert "there is no user sitsd" in out and "--owner USER" in out
+        assert {p.lstat().st_uid for p in [root, *root.rglob("*")]} == {os.geteuid()}
+    else:
+        assert {p.lstat().st_uid for p in [root, *root.rglob("*")]} == {daemon.pw_uid}
+
+
+def test_pki_with_an_unknown_owner_writes_nothing(capsys, open_dir):
+    root = open_dir / "pki"
+    rc, out = _sitsctl_pki(capsys, "init", "--config", str(EXAMPLE_CONFIG), "--set", f"plc.pki_dir={root}",
+                           "--owner", "no-such-user-sits2026")
+    assert rc != 0 and "no user 'no-such-user-sits2026'" in out
+    assert not root.exists()

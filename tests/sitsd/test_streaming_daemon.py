@@ -217,3 +217,20 @@ def test_state_is_kept_per_model_and_kv_settings(tmp_path):
     assert run(5, **{"model.streaming.window": 64}) == 0
     assert run(5, **{"model.streaming.seed": 1}) == 0
     assert run(0) == 25
+
+
+def test_stream_ids_for_every_publisher_id_type_fit_the_pool_and_are_stable():
+    """(publisher_id << 16 | writer) as before for ids below 2**47; a string or wide id gets a stable 63-bit
+    digest instead of a TypeError or an id the stream pool cannot hold."""
+    from sitsd.model import stream_id
+
+    def sid(**sets):
+        return stream_id(load_config(STREAMING_CONFIG, sets))
+
+    assert sid() == (7 << 16) | 1  # the example's uint16 id 7, writer 1: unchanged
+    wide = sid(**{"transport.publisher_id_type": "uint64", "transport.publisher_id": str(2**63 + 5)})
+    text = sid(**{"transport.publisher_id_type": "string", "transport.publisher_id": "line-7"})
+    for v in (wide, text):
+        assert 0 <= v < 2**63
+    assert text == sid(**{"transport.publisher_id_type": "string", "transport.publisher_id": "line-7"})
+    assert text != sid(**{"transport.publisher_id_type": "string", "transport.publisher_id": "line-8"})

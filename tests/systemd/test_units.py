@@ -8,6 +8,7 @@ import pytest
 from ..conftest import REPO
 
 UNIT = REPO / "systemd" / "sitsd.service"
+MOUNT = REPO / "systemd" / "var-lib-sitsd.mount"
 
 
 @pytest.fixture
@@ -25,12 +26,14 @@ def stub_root(tmp_path):
     stub.chmod(0o755)
     shutil.copy("/bin/kill", root / "bin/kill")
     shutil.copy(UNIT, root / "etc/systemd/system/sitsd.service")
+    shutil.copy(MOUNT, root / "etc/systemd/system/var-lib-sitsd.mount")
     return root
 
 
-def test_unit_verifies_without_warnings(stub_root):
+@pytest.mark.parametrize("unit", ["sitsd.service", "var-lib-sitsd.mount"])
+def test_unit_verifies_without_warnings(stub_root, unit):
     r = subprocess.run(["systemd-analyze", "verify", f"--root={stub_root}",
-                        str(stub_root / "etc/systemd/system/sitsd.service")], capture_output=True, text=True)
+                        str(stub_root / "etc/systemd/system" / unit)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     # verify exits 0 on unknown keys and unparsable values; those only show on stderr
     assert r.stderr.strip() == "", r.stderr
@@ -65,3 +68,45 @@ def test_unit_schedules_fifo_off_cpu0_with_the_device_and_capability_it_needs():
     assert directives["DeviceAllow"] == "/dev/tpmrm0 rw"
     assert directives["SupplementaryGroups"] == "tss"
     assert directives["AmbientCapabilities"] == "CAP_NET_RAW"
+
+
+def _directives(path) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for key, value in re.findall(r"^(\w+)=(.*)$", path.read_text(), re.M):
+        found.setdefault(key, []).append(value)
+    return found
+
+
+def test_state_is_on_the_data_partition_and_not_under_volatile_binds():
+    """The daemon's state directory is the mount unit's Where=, the daemon requires that mount, and the mount
+    comes after oe-core's volatile-binds overlay of /var/lib (a service, so not ordered by systemd itself) and
+    with the local file systems (before systemd-tmpfiles-setup creates audit/ and pki/ on it)."""
+    unit, mount = _directives(UNIT), _directives(MOUNT)
+    state = "/var/lib/" + unit["StateDirectory"][0]
+    assert mount["Where"] == [state]
+    assert MOUNT.name == state.strip("/").replace("/", "-") + ".mount"
+    assert unit["RequiresMountsFor"] == [state]
+    assert "var-volatile-lib.service" in " ".join(mount["After"]).split()
+    assert mount["WantedBy"] == ["local-fs.target"]
+    assert mount["What"][0].startswith("/dev/disk/by-label/")
+    escaped = subprocess.run(["systemd-escape", "--path", mount["What"][0]], capture_output=True, text=True,
+                             check=True).stdout.strip()
+    fsck = f"systemd-fsck@{escaped}.service"
+    assert fsck in mount["Requires"] and fsck in " ".join(mount["After"]).split()
+    assert "noexec" in mount["Options"][0].split(",") and "nodev" in mount["Options"][0].split(",")
+    tmpfiles = (REPO / "systemd" / "sitsd.tmpfiles").read_text()
+    user = unit["User"][0]
+    for sub in ("", "/audit", "/pki"):
+        assert re.search(rf"^d {state}{sub} 0[0-7]50 {user} {user} -$", tmpfiles, re.M), f"tmpfiles: {state}{sub}"
+
+
+def test_default_pki_dir_and_example_configs_are_on_the_data_partition():
+    """The OPC UA PKI is written at run time (rejected certificates) and holds the device's key: it lives in
+    the daemon's state, not under the read-only /etc."""
+    from sitsd.schema import PlcSection
+
+    state = "/var/lib/" + _directives(UNIT)["StateDirectory"][0]
+    assert str(PlcSection.model_fields["pki_dir"].default) == f"{state}/pki"
+    for name in ("rolling-mill.yaml", "rolling-mill-streaming.yaml"):
+        (line,) = re.findall(r"^  pki_dir: (\S+)", (REPO / "examples" / name).read_text(), re.M)
+        assert line == f"{state}/pki", name

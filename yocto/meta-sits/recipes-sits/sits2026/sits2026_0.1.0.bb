@@ -22,30 +22,47 @@ USERADD_PACKAGES = "${PN}"
 GROUPADD_PARAM:${PN} = "--system sitsd"
 USERADD_PARAM:${PN} = "--system --home-dir ${localstatedir}/lib/sitsd --no-create-home --shell /sbin/nologin --gid sitsd --groups tss sitsd"
 
+# ${PN}-datapart: var-lib-sitsd.mount, the data partition (label sitsdata) on /var/lib/sitsd. A package of
+# its own so that an image without that partition (packagegroup-sits in your own image) does not wait for
+# it; sits-image installs it and makes the partition (wic/sits-image.wks.in).
+PACKAGES =+ "${PN}-datapart"
+SYSTEMD_PACKAGES = "${PN} ${PN}-datapart"
 SYSTEMD_SERVICE:${PN} = "sitsd.service"
+SYSTEMD_SERVICE:${PN}-datapart = "var-lib-sitsd.mount"
 SYSTEMD_AUTO_ENABLE:${PN} = "enable"
+SYSTEMD_AUTO_ENABLE:${PN}-datapart = "enable"
 
+# The unit runs as User=sitsd Group=sitsd: the config and the approval files are root:sitsd 0640 in
+# directories root:sitsd 0750 (as sitsd.tmpfiles says; on a read-only /etc tmpfiles cannot fix them at boot).
+# useradd.bbclass adds the group to the recipe sysroot before do_install, so install -g resolves it.
+# The config is edited into ${B} first, so the installed file is written once with its final mode and group.
+# ${localstatedir}/lib/sitsd is the mount point of the data partition (the daemon's home and state).
 do_install:append() {
-    install -d ${D}${systemd_system_unitdir} ${D}${sysconfdir}/sits2026 ${D}${nonarch_libdir}/tmpfiles.d ${D}${nonarch_libdir}/sysusers.d
-    install -m 0644 ${S}/systemd/sitsd.service ${D}${systemd_system_unitdir}/sitsd.service
+    install -d ${D}${systemd_system_unitdir} ${D}${nonarch_libdir}/tmpfiles.d ${D}${nonarch_libdir}/sysusers.d
+    install -d -m 0750 -g sitsd ${D}${sysconfdir}/sits2026 ${D}${sysconfdir}/sits2026/approval
+    install -d -m 0755 ${D}${localstatedir}/lib/sitsd
+    install -m 0644 ${S}/systemd/sitsd.service ${S}/systemd/var-lib-sitsd.mount ${D}${systemd_system_unitdir}/
     install -m 0644 ${S}/systemd/sitsd.tmpfiles ${D}${nonarch_libdir}/tmpfiles.d/sitsd.conf
     install -m 0644 ${S}/systemd/sitsd.sysusers ${D}${nonarch_libdir}/sysusers.d/sitsd.conf
-    install -m 0640 ${S}/examples/rolling-mill.yaml ${D}${sysconfdir}/sits2026/sitsd.yaml
-    install -d ${D}${datadir}/sits2026/models ${D}${datadir}/sits2026/wasm_modules ${D}${sysconfdir}/sits2026/approval
+    install -d ${D}${datadir}/sits2026/models ${D}${datadir}/sits2026/wasm_modules
     install -m 0644 ${S}/examples/models/rolling_mill.onnx ${D}${datadir}/sits2026/models/rolling_mill.onnx
     install -m 0644 ${S}/wasm_modules/pre_filter.wat ${S}/wasm_modules/pre_filter.golden.json \
         ${S}/wasm_modules/post_command.wat ${S}/wasm_modules/post_command.golden.json \
         ${D}${datadir}/sits2026/wasm_modules/
-    install -m 0644 ${S}/examples/approval/rolling-mill.approval.json ${S}/examples/approval/authority.pub.pem \
+    install -m 0640 -g sitsd ${S}/examples/approval/rolling-mill.approval.json ${S}/examples/approval/authority.pub.pem \
         ${D}${sysconfdir}/sits2026/approval/
-    sed -i -e 's#artifact: models/rolling_mill.onnx#artifact: ${datadir}/sits2026/models/rolling_mill.onnx#' \
+    sed -e 's#artifact: models/rolling_mill.onnx#artifact: ${datadir}/sits2026/models/rolling_mill.onnx#' \
         -e 's#path: ../wasm_modules/#path: ${datadir}/sits2026/wasm_modules/#' \
-        ${D}${sysconfdir}/sits2026/sitsd.yaml
+        ${S}/examples/rolling-mill.yaml > ${B}/sitsd.yaml
+    install -m 0640 -g sitsd ${B}/sitsd.yaml ${D}${sysconfdir}/sits2026/sitsd.yaml
 }
 
 FILES:${PN} += "${nonarch_libdir}/tmpfiles.d ${nonarch_libdir}/sysusers.d"
 CONFFILES:${PN} = "${sysconfdir}/sits2026/sitsd.yaml ${sysconfdir}/sits2026/approval/rolling-mill.approval.json \
                    ${sysconfdir}/sits2026/approval/authority.pub.pem"
+
+# e2fsprogs-e2fsck: var-lib-sitsd.mount has systemd-fsck check the partition before mounting it.
+RDEPENDS:${PN}-datapart = "e2fsprogs-e2fsck"
 
 # onnxruntime, onnx and ml-dtypes come from this layer (prebuilt wheels). python3-packaging: sitsctl
 # compile --quantization int8 imports onnxruntime.quantization, which imports packaging.
