@@ -396,7 +396,17 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
         print(json.dumps(summary))
-    ok = (summary["faults_recovered"] == summary["faults_injected"] and lost == 0 and chain_ok)
+    # the acceptance, all of it: every fault injected (none skipped) and recovered, nothing acknowledged
+    # lost, the chain valid, and the daemon's memory bounded (rss_growth_mb < 20)
+    growth = summary.get("rss_growth_mb")
+    ok = (summary["faults_recovered"] == summary["faults_injected"] and not summary["skipped"] and lost == 0
+          and chain_ok and growth is not None and growth < 20)
+    if not ok:
+        say("soak FAILED its acceptance: " + "; ".join(why for cond, why in (
+            (summary["faults_recovered"] != summary["faults_injected"], "a fault did not recover"),
+            (bool(summary["skipped"]), f"faults skipped: {', '.join(summary['skipped'])} (run as root)"),
+            (lost != 0, f"{lost} acknowledged records lost"), (not chain_ok, "audit chain broken"),
+            (growth is None or growth >= 20, f"RSS growth {growth} MB (limit 20)")) if cond))
     return 0 if ok else 1
 
 
