@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from .errors import TransportError
 from .frame import Frame
-from .socket_source import UadpSocketSource, is_transient
+from .socket_source import UadpSocketSource, count_send_error
 from .uadp import FixedLayout, RawDoubleLayout
 from .timestamps import (RX_TIMESTAMPING_FLAGS, SO_TIMESTAMPING, TAI_UTC_OFFSET_S, enable_hardware_rx_stamps,
                          phc_utc_offset_ns, rx_stamp_from_cmsg)
@@ -260,10 +260,7 @@ class EthPublisher:
                 self._sock.send(frame)
             return True
         except OSError as exc:
-            if not is_transient(exc):
-                raise TransportError(f"{self.url}: sending on {self.interface} failed: {exc}") from exc
-            self.send_errors += 1
-            self.last_send_error = exc
+            count_send_error(self, exc, f"{self.url}: sending on {self.interface}")
             if exc.errno in (errno.ENXIO, errno.ENODEV):
                 self._rebind()
             return False

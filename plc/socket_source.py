@@ -51,6 +51,16 @@ def is_transient(exc: OSError) -> bool:
     return exc.errno in TRANSIENT_ERRNOS
 
 
+def count_send_error(publisher, exc: OSError, where: str) -> None:
+    """A publisher's failed send: a link that is down or congested is counted on the publisher
+    (`send_errors`, `last_send_error`) and the caller carries on, as a PLC keeps publishing through a link
+    flap; anything else means the socket is unusable and raises TransportError naming `where`."""
+    if not is_transient(exc):
+        raise TransportError(f"{where} failed: {exc}") from exc
+    publisher.send_errors += 1
+    publisher.last_send_error = exc
+
+
 # Variant types the fallback turns into the loop's float64 values
 _NUMERIC = frozenset({ua.VariantType.Boolean, ua.VariantType.SByte, ua.VariantType.Byte, ua.VariantType.Int16,
                       ua.VariantType.UInt16, ua.VariantType.Int32, ua.VariantType.UInt32, ua.VariantType.Int64,

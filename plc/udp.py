@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 
 from .errors import TransportError
 from .frame import Frame
-from .socket_source import UadpSocketSource, is_transient
+from .socket_source import UadpSocketSource, count_send_error
 from .timestamps import (RX_TIMESTAMPING_FLAGS, SO_TIMESTAMPING, TAI_UTC_OFFSET_S, HwStampSetup,
                          enable_hardware_rx_stamps, phc_utc_offset_ns, rx_stamp_from_cmsg)
 from .uadp import FixedLayout, RawDoubleLayout
@@ -195,10 +195,7 @@ class UdpPublisher:
             self._sock.sendto(payload, self.address)
             return True
         except OSError as exc:
-            if not is_transient(exc):
-                raise TransportError(f"{self.url}: sending from {self.interface} failed: {exc}") from exc
-            self.send_errors += 1
-            self.last_send_error = exc
+            count_send_error(self, exc, f"{self.url}: sending from {self.interface}")
             now = time.monotonic()
             if self._multicast and now >= self._next_reset:  # twice a second at most
                 self._next_reset = now + 0.5

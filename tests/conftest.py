@@ -149,3 +149,22 @@ def check_commands_across_a_plc_restart(audit_dir: Path, first: dict, second: di
     assert acked <= applied <= acked + unconfirmed
     assert unconfirmed <= 2
     return records
+
+
+def multicast_group_url() -> str:
+    """An opc.udp URL on a random administratively scoped group and a free port: tests do not hear each other."""
+    import random
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"opc.udp://239.255.{random.randint(1, 254)}.{random.randint(1, 254)}:{port}"
+
+
+def udp_loopback(layout, **source_kwargs):
+    """A UdpFrameSource on a fresh multicast group over loopback and a publisher to it: (source, publisher)."""
+    from plc.udp import UdpFrameSource, UdpPublisher
+
+    url = multicast_group_url()
+    return UdpFrameSource(url, layout, "127.0.0.1", **source_kwargs), UdpPublisher(url, "127.0.0.1")

@@ -40,20 +40,29 @@ for seq in range(1, int(sys.argv[3]) + 1):
 """
 
 
-def _exchange(veth_pair, url: str, count: int) -> dict:
-    ns_a, if_a, ns_b, if_b = veth_pair
-    receiver = subprocess.Popen(["ip", "netns", "exec", ns_b, sys.executable, "-c", RECEIVER, url, if_b, str(count)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+def _run_pair(veth_pair, receiver: str, receiver_args: list[str], publisher: str,
+              publisher_args: list[str]) -> tuple[subprocess.CompletedProcess, str]:
+    """Start `receiver` (Python source) in the second namespace, wait for its "ready" line, run `publisher` in
+    the first, and return the publisher's result and the receiver's stdout (both must exit 0)."""
+    ns_a, _, ns_b, _ = veth_pair
+    rx = subprocess.Popen(["ip", "netns", "exec", ns_b, sys.executable, "-c", receiver, *receiver_args],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     try:
-        assert receiver.stdout.readline().strip() == "ready", receiver.stderr.read()
-        pub = subprocess.run(["ip", "netns", "exec", ns_a, sys.executable, "-c", PUBLISHER, url, if_a, str(count)],
+        assert rx.stdout.readline().strip() == "ready", rx.stderr.read()
+        pub = subprocess.run(["ip", "netns", "exec", ns_a, sys.executable, "-c", publisher, *publisher_args],
                              capture_output=True, text=True, cwd=REPO, timeout=60)
         assert pub.returncode == 0, pub.stderr
-        out, err = receiver.communicate(timeout=30)
+        out, err = rx.communicate(timeout=30)
     finally:
-        if receiver.poll() is None:
-            receiver.kill()
-    assert receiver.returncode == 0, err
+        if rx.poll() is None:
+            rx.kill()
+    assert rx.returncode == 0, err
+    return pub, out
+
+
+def _exchange(veth_pair, url: str, count: int) -> dict:
+    _, if_a, _, if_b = veth_pair
+    _, out = _run_pair(veth_pair, RECEIVER, [url, if_b, str(count)], PUBLISHER, [url, if_a, str(count)])
     return json.loads(out.splitlines()[-1])
 
 
@@ -100,19 +109,9 @@ for seq in range(1, 6):
 
 def test_launch_time_is_detected_and_reported_and_frames_still_flow(veth_pair):
     """veth has no etf qdisc (and this kernel has none): SO_TXTIME must be reported as not honoured."""
-    ns_a, if_a, ns_b, if_b = veth_pair
+    _, if_a, _, if_b = veth_pair
     url = "opc.eth://01-00-5E-7F-00-01:100.5"
-    receiver = subprocess.Popen(["ip", "netns", "exec", ns_b, sys.executable, "-c", RECEIVER, url, if_b, "5"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    try:
-        assert receiver.stdout.readline().strip() == "ready"
-        pub = subprocess.run(["ip", "netns", "exec", ns_a, sys.executable, "-c", LAUNCH, url, if_a],
-                             capture_output=True, text=True, cwd=REPO, timeout=60)
-        assert pub.returncode == 0, pub.stderr
-        out, _ = receiver.communicate(timeout=30)
-    finally:
-        if receiver.poll() is None:
-            receiver.kill()
+    pub, out = _run_pair(veth_pair, RECEIVER, [url, if_b, "5"], LAUNCH, [url, if_a])
     honoured, status = pub.stdout.split(" ", 1)
     if honoured == "True":
         assert "launch times are honoured" in status
@@ -155,17 +154,7 @@ def test_udp_multicast_between_namespaces(veth_pair):
         for args in (["addr", "add", f"{ip}/30", "dev", ifname], ["route", "add", "224.0.0.0/4", "dev", ifname]):
             subprocess.run(["ip", "-n", ns, *args], check=True)
     url = "opc.udp://239.255.7.7:48407"
-    receiver = subprocess.Popen(["ip", "netns", "exec", ns_b, sys.executable, "-c", UDP_RECEIVER, url, "10.214.7.2",
-                                 "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    try:
-        assert receiver.stdout.readline().strip() == "ready", receiver.stderr.read()
-        pub = subprocess.run(["ip", "netns", "exec", ns_a, sys.executable, "-c", UDP_PUBLISHER, url, "10.214.7.1",
-                              "20"], capture_output=True, text=True, cwd=REPO, timeout=60)
-        assert pub.returncode == 0, pub.stderr
-        out, err = receiver.communicate(timeout=30)
-    finally:
-        if receiver.poll() is None:
-            receiver.kill()
+    _, out = _run_pair(veth_pair, UDP_RECEIVER, [url, "10.214.7.2", "20"], UDP_PUBLISHER, [url, "10.214.7.1", "20"])
     frames = json.loads(out.splitlines()[-1])["frames"]
     assert [f["seq"] for f in frames] == list(range(1, 21))
     assert frames[9]["values"] == [10.0, 0.5, -10.0]
@@ -212,20 +201,9 @@ pub.send(layout.encode(UadpMessage(pid, 1, 1, 4, 4, time.time_ns(), (4.0, 4.5, 5
 
 
 def test_uint64_publisher_writer_group_filter_and_fallback_over_ethernet(veth_pair):
-    ns_a, if_a, ns_b, if_b = veth_pair
+    _, if_a, _, if_b = veth_pair
     url = "opc.eth://01-00-5E-7F-00-01:100.5"
-    receiver = subprocess.Popen(["ip", "netns", "exec", ns_b, sys.executable, "-c", LAYOUT_RECEIVER, url, if_b],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    try:
-        assert receiver.stdout.readline().strip() == "ready", receiver.stderr.read()
-        pub = subprocess.run(["ip", "netns", "exec", ns_a, sys.executable, "-c", LAYOUT_PUBLISHER, url, if_a],
-                             capture_output=True, text=True, cwd=REPO, timeout=60)
-        assert pub.returncode == 0, pub.stderr
-        out, err = receiver.communicate(timeout=30)
-    finally:
-        if receiver.poll() is None:
-            receiver.kill()
-    assert receiver.returncode == 0, err
+    _, out = _run_pair(veth_pair, LAYOUT_RECEIVER, [url, if_b], LAYOUT_PUBLISHER, [url, if_a])
     result = json.loads(out.splitlines()[-1])
     assert [(f["seq"], f["values"], f["pid"]) for f in result["frames"]] == [
         (2, [2.0, 2.5, 3.0], 2**40 + 3), (3, [3.0, 3.5, 4.0], 2**40 + 3), (4, [4.0, 4.5, 5.0], 2**40 + 3)]

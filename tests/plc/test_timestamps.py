@@ -3,7 +3,6 @@ errors of a failing link counted instead of raised. This VM has no PHC: cmsg byt
 answers are synthetic where real hardware would be needed; veth and lo refuse for real."""
 import errno
 import json
-import random
 import socket
 import struct
 import subprocess
@@ -20,7 +19,7 @@ from plc.timestamps import (HWTSTAMP_FILTER_ALL, HWTSTAMP_FILTER_NONE, SIOCGHWTS
 from plc.uadp import FixedLayout, UadpMessage
 from plc.udp import UdpFrameSource, UdpPublisher
 
-from ..conftest import REPO
+from ..conftest import REPO, multicast_group_url
 
 UTC_NS = 1_700_000_000_123_456_789  # the true arrival time, in UTC
 TAI_NS = UTC_NS + 37_000_000_000  # what a PHC steered by ptp4l reads at that moment
@@ -71,15 +70,8 @@ class _FakeSocket:
         pass
 
 
-def _group_url() -> str:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"opc.udp://239.255.{random.randint(1, 254)}.{random.randint(1, 254)}:{port}"
-
-
 def _source(**kwargs) -> UdpFrameSource:
-    return UdpFrameSource(_group_url(), FixedLayout(2), "127.0.0.1", publisher_id=7, **kwargs)
+    return UdpFrameSource(multicast_group_url(), FixedLayout(2), "127.0.0.1", publisher_id=7, **kwargs)
 
 
 @pytest.mark.parametrize("timescale,ancdata,expect", [
@@ -110,7 +102,7 @@ def test_lo_refuses_hardware_stamps_and_that_is_reported_not_raised():
         assert source.hw_stamps.detail == setup.detail
     finally:
         source.close()
-    wildcard = UdpFrameSource(_group_url(), FixedLayout(2), "0.0.0.0")
+    wildcard = UdpFrameSource(multicast_group_url(), FixedLayout(2), "0.0.0.0")
     try:
         assert wildcard.hw_stamps.action == "not attempted" and "set transport.interface" in wildcard.hw_stamps.detail
     finally:
@@ -207,7 +199,7 @@ def test_a_broken_socket_still_raises_and_says_so():
 
 
 def test_publisher_counts_sends_the_link_lost_and_goes_on():
-    pub = UdpPublisher(_group_url(), "127.0.0.1")
+    pub = UdpPublisher(multicast_group_url(), "127.0.0.1")
 
     class _Failing:
         def __init__(self, err):

@@ -1,4 +1,3 @@
-import random
 import socket
 import struct
 import time
@@ -9,21 +8,14 @@ from plc.errors import TransportError
 from plc.frame import RxStampSource
 from plc.uadp import FixedLayout, UadpMessage
 from plc.timestamps import SO_TIMESTAMPING, rx_stamp_from_cmsg
-from plc.udp import UdpFrameSource, UdpPublisher, parse_udp_url
+from plc.udp import parse_udp_url
 
-
-def _group_url() -> str:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"opc.udp://239.255.{random.randint(1, 254)}.{random.randint(1, 254)}:{port}"
+from ..conftest import udp_loopback
 
 
 def test_multicast_loopback_frames_carry_kernel_rx_stamps():
-    url = _group_url()
     layout = FixedLayout(3)
-    source = UdpFrameSource(url, layout, "127.0.0.1", publisher_id=7, writer_id=1)
-    pub = UdpPublisher(url, "127.0.0.1")
+    source, pub = udp_loopback(layout, publisher_id=7, writer_id=1)
     try:
         sent = []
         for seq in range(1, 6):
@@ -52,10 +44,8 @@ def test_multicast_loopback_frames_carry_kernel_rx_stamps():
 
 
 def test_malformed_and_foreign_messages_are_counted_and_skipped():
-    url = _group_url()
     layout = FixedLayout(2)
-    source = UdpFrameSource(url, layout, "127.0.0.1", publisher_id=7, writer_id=1)
-    pub = UdpPublisher(url, "127.0.0.1")
+    source, pub = udp_loopback(layout, publisher_id=7, writer_id=1)
     try:
         pub.send(b"\x00garbage")
         pub.send(layout.encode(UadpMessage(8, 1, 1, 1, 1, time.time_ns(), (0.0, 0.0))))  # other publisher
@@ -97,10 +87,8 @@ def test_bad_urls_say_what_is_wrong(url, message):
 
 
 def test_discard_pending_drops_the_startup_backlog():
-    url = _group_url()
     layout = FixedLayout(1)
-    source = UdpFrameSource(url, layout, "127.0.0.1")
-    pub = UdpPublisher(url, "127.0.0.1")
+    source, pub = udp_loopback(layout)
     try:
         for seq in range(3):
             pub.send(layout.encode(UadpMessage(7, 1, 1, seq, seq, time.time_ns(), (0.0,))))

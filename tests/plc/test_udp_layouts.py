@@ -2,8 +2,6 @@
 the general-decoder fallback for messages the fast path refuses, and what stays malformed."""
 from __future__ import annotations
 
-import random
-import socket
 import threading
 import time
 import uuid
@@ -17,26 +15,19 @@ from plc.uadp import (DataSetMessage, DataSetMessageType, FieldEncoding, Network
                       UadpMessage, compile_layout)
 from plc.uadp import encode as encode_general
 from plc.uadp.fixed import datetime_ticks_from_ns
-from plc.udp import UdpFrameSource, UdpPublisher
+from plc.udp import UdpFrameSource
+
+from ..conftest import multicast_group_url, udp_loopback
 
 V, T = ua.Variant, ua.VariantType
 VALUES = (1.5, -2.0, 3.25)
 
 
-def _group_url() -> str:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"opc.udp://239.255.{random.randint(1, 254)}.{random.randint(1, 254)}:{port}"
-
-
 @pytest.fixture
 def link():
     """A source for publisher 7, writer group 1, writer 2 with three Variant Double fields, and a publisher."""
-    url = _group_url()
     layout = compile_layout(3)
-    source = UdpFrameSource(url, layout, "127.0.0.1", publisher_id=7, writer_id=2, writer_group_id=1)
-    pub = UdpPublisher(url, "127.0.0.1")
+    source, pub = udp_loopback(layout, publisher_id=7, writer_id=2, writer_group_id=1)
     yield source, pub, layout
     source.close()
     pub.close()
@@ -71,7 +62,7 @@ def _drain(source, timeout_s: float = 0.3):
     ("uint64", 2**63 + 11, "raw"), ("string", "walzwerk-3 / Gerüst 2", "variant"), ("string", "plc", "raw"),
 ])
 def test_simulator_publishes_every_publisher_id_type_end_to_end(kind, publisher_id, encoding):
-    url = _group_url()
+    url = multicast_group_url()
     layout = compile_layout(len(SIGNALS), encoding, kind, publisher_id)
     source = UdpFrameSource(url, layout, "127.0.0.1", publisher_id=publisher_id, writer_id=1, writer_group_id=1)
     sim = RollingMillSimulator(SimulatorSettings(udp_url=url, rate_hz=200.0, publisher_id=publisher_id,
@@ -96,10 +87,8 @@ def test_simulator_publishes_every_publisher_id_type_end_to_end(kind, publisher_
 
 def test_a_string_id_of_another_length_is_foreign_not_malformed():
     """The String layout is compiled for the configured id's length; other ids are told apart by their headers."""
-    url = _group_url()
     layout = compile_layout(2, "variant", "string", "line-1")
-    source = UdpFrameSource(url, layout, "127.0.0.1", publisher_id="line-1", writer_id=1, writer_group_id=1)
-    pub = UdpPublisher(url, "127.0.0.1")
+    source, pub = udp_loopback(layout, publisher_id="line-1", writer_id=1, writer_group_id=1)
     try:
         pub.send(compile_layout(2, "variant", "string", "line-12").encode(
             UadpMessage("line-12", 1, 1, 1, 1, time.time_ns(), (0.0, 0.0))))
@@ -129,10 +118,8 @@ def test_other_writer_groups_are_skipped_and_counted(link):
 
 
 def test_no_writer_group_configured_accepts_every_group():
-    url = _group_url()
     layout = compile_layout(1)
-    source = UdpFrameSource(url, layout, "127.0.0.1", publisher_id=7, writer_id=1)
-    pub = UdpPublisher(url, "127.0.0.1")
+    source, pub = udp_loopback(layout, publisher_id=7, writer_id=1)
     try:
         for group in (1, 9):
             pub.send(layout.encode(UadpMessage(7, group, 1, group, group, time.time_ns(), (1.0,))))
@@ -178,10 +165,8 @@ def test_fallback_keeps_the_sender_timestamp(link):
 
 
 def test_raw_layout_falls_back_for_rawdata_with_extra_flags():
-    url = _group_url()
     layout = compile_layout(3, "raw")
-    source = UdpFrameSource(url, layout, "127.0.0.1", publisher_id=7, writer_id=2, writer_group_id=1)
-    pub = UdpPublisher(url, "127.0.0.1")
+    source, pub = udp_loopback(layout, publisher_id=7, writer_id=2, writer_group_id=1)
     try:
         raw_fields = tuple(V(v, T.Double) for v in VALUES)
         pub.send(_general(5, raw_fields, encoding=FieldEncoding.RAW_DATA, picoseconds=7))
