@@ -14,6 +14,14 @@ The PLC side (`SessionVerifier`) trusts only the AK public key (the device ident
 model hash; `accept(credential, nonce)` checks the binding once and returns the
 `EnvelopeVerifier` for that session's commands.
 
+Certification (optional, `attestation.certify_session`): at start, right after the model and modules
+are measured into the measurement PCR and before anything else is, `certify` has the
+PolicyAuthorize-bound device key (0x81000001, attestation.tpm.policy) sign
+SHA-256("sits-session-certify-v1" 0 || session key SPKI DER || approved PCR value). The TPM does
+that only while the PCR holds the state the authority approved: for an unapproved model or module
+the TPM refuses and there is no certified session key. A verifier given the device key
+(`trusted_device_key_pem`) accepts only certified session keys.
+
 Trade-off: the session private key lives in process memory until the signer is closed, while
 the AK never leaves the TPM. PCR 16 is resettable at locality 0: the binding to the model holds
 only while nothing but the daemon may use the TPM.
@@ -21,7 +29,9 @@ only while nothing but the daemon may use the TPM.
 Credential CBOR (one canonical encoding; anything else is refused):
     {1: 1 (version), 2: session key SPKI DER, 3: AK SPKI DER, 4: TPMS_ATTEST bytes,
      5: quote signature r||s (64 bytes), 6: PCR index, 7: PCR value (32 bytes),
-     8: [* measurement (32 bytes)], 9: verifier nonce (16..64 bytes)}
+     8: [* measurement (32 bytes)], 9: verifier nonce (16..64 bytes)
+     and, only for a certified session key, all three of:
+     10: device key SPKI DER, 11: approved PCR value (32 bytes), 12: device key signature r||s (64 bytes)}
 """
 from __future__ import annotations
 
@@ -44,19 +54,22 @@ from .tpm.quote import read_pcrs
 from .tpm.signer import DEFAULT_KEY_HANDLE, MODEL_PCR, _tss
 
 BINDING_LABEL = b"sits-session-v1"
+CERTIFY_LABEL = b"sits-session-certify-v1\0"
 CREDENTIAL_VERSION = 1
 MIN_NONCE, MAX_NONCE = 16, 64
 MAX_MEASUREMENTS = 64
 MAX_CREDENTIAL_BYTES = 4096
 (K_VERSION, K_SESSION_KEY, K_AK, K_ATTEST, K_SIGNATURE, K_PCR, K_PCR_VALUE, K_MEASUREMENTS,
- K_NONCE) = range(1, 10)
+ K_NONCE, K_DEVICE_KEY, K_APPROVED_VALUE, K_DEVICE_SIGNATURE) = range(1, 13)
+_PLAIN_KEYS = frozenset(range(K_VERSION, K_NONCE + 1))
+_CERTIFIED_KEYS = frozenset(range(K_VERSION, K_DEVICE_SIGNATURE + 1))
 _ZERO = b"\0" * 32
 
 
 class CredentialError(AttestationError):
     """A session credential is malformed or does not prove what it must. `reason` says what in words;
     `code` is one of: malformed, ak, pcr, nonce, binding, signature, magic, type, pcr-selection,
-    pcr-digest, pcr-value, model, key."""
+    pcr-digest, pcr-value, model, key, uncertified, device-key, certification, approval."""
 
     def __init__(self, reason: str, code: str) -> None:
         super().__init__(reason)
@@ -69,6 +82,28 @@ def session_binding(session_public_pem: bytes, verifier_nonce: bytes) -> bytes:
     DER is self-delimiting, so the concatenation is unambiguous."""
     der = _der(serialization.load_pem_public_key(session_public_pem))
     return hashlib.sha256(BINDING_LABEL + der + bytes(verifier_nonce)).digest()
+
+
+def certification_digest(session_public_pem: bytes, approved_pcr_value: bytes) -> bytes:
+    """What the policy-bound device key signs to certify a session key: SHA-256("sits-session-certify-v1" 0 ||
+    session key SPKI DER || approved PCR value)."""
+    der = _der(serialization.load_pem_public_key(session_public_pem))
+    return hashlib.sha256(CERTIFY_LABEL + der + bytes(approved_pcr_value)).digest()
+
+
+@dataclass(frozen=True)
+class Certification:
+    """The device key's signature over one session key, made by the TPM under the authority's approval of
+    `approved_pcr_value` (the measurement PCR after the model and modules)."""
+
+    device_public_pem: bytes
+    approved_pcr_value: bytes
+    signature: bytes  # ECDSA P-256 r||s
+
+    def __post_init__(self) -> None:
+        if len(self.approved_pcr_value) != 32 or len(self.signature) != 64:
+            raise CredentialError("certification: approved PCR value must be 32 bytes, signature 64 (r||s)",
+                                  "malformed")
 
 
 def replay_measurements(measurements: Sequence[bytes]) -> bytes:
@@ -107,6 +142,7 @@ class SessionCredential:
     measurements: tuple[bytes, ...]  # every digest extended into `pcr` since its reset, in order
     verifier_nonce: bytes
     pcr: int = MODEL_PCR
+    certification: Certification | None = None  # set when the device key certified the session key
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "measurements", tuple(self.measurements))
@@ -117,7 +153,7 @@ class SessionCredential:
             raise CredentialError("the quote's AK is not the credential's AK", "malformed")
 
     def to_cbor(self) -> bytes:
-        return cbor2.dumps({
+        fields = {
             K_VERSION: CREDENTIAL_VERSION,
             K_SESSION_KEY: _der(serialization.load_pem_public_key(self.session_public_pem)),
             K_AK: _der(serialization.load_pem_public_key(self.ak_public_pem)),
@@ -127,12 +163,18 @@ class SessionCredential:
             K_PCR_VALUE: bytes(self.pcr_value),
             K_MEASUREMENTS: [bytes(m) for m in self.measurements],
             K_NONCE: bytes(self.verifier_nonce),
-        })
+        }
+        if self.certification is not None:
+            c = self.certification
+            fields[K_DEVICE_KEY] = _der(serialization.load_pem_public_key(c.device_public_pem))
+            fields[K_APPROVED_VALUE] = bytes(c.approved_pcr_value)
+            fields[K_DEVICE_SIGNATURE] = bytes(c.signature)
+        return cbor2.dumps(fields)
 
     @classmethod
     def from_cbor(cls, data: bytes) -> "SessionCredential":
-        """Strict: one canonical CBOR map with exactly the keys 1..9 of the right types and sizes, keys
-        that load as P-256 or Ed25519 public keys; anything else is CredentialError('malformed')."""
+        """Strict: one canonical CBOR map with exactly the keys 1..9 (or 1..12: certified) of the right types
+        and sizes, keys that load as P-256 or Ed25519 public keys; anything else is CredentialError('malformed')."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise CredentialError(f"credential must be bytes, got {type(data).__name__}", "malformed")
         data = bytes(data)
@@ -142,9 +184,10 @@ class SessionCredential:
             fields = cose.loads_strict(data, "session credential", max_depth=3)
         except EnvelopeError as exc:
             raise CredentialError(exc.reason, "malformed") from None
-        if not isinstance(fields, dict) or set(fields) != set(range(K_VERSION, K_NONCE + 1)) \
+        if not isinstance(fields, dict) or set(fields) not in (_PLAIN_KEYS, _CERTIFIED_KEYS) \
                 or not all(type(k) is int for k in fields):
-            raise CredentialError(f"credential must be a map with exactly the keys 1..{K_NONCE}", "malformed")
+            raise CredentialError(f"credential must be a map with exactly the keys 1..{K_NONCE} (1..{K_DEVICE_SIGNATURE}"
+                                  " when certified)", "malformed")
         if type(fields[K_VERSION]) is not int or fields[K_VERSION] != CREDENTIAL_VERSION:
             raise CredentialError(f"credential version must be {CREDENTIAL_VERSION}", "malformed")
         pcr = fields[K_PCR]
@@ -161,8 +204,13 @@ class SessionCredential:
                                   "32-byte digests", "malformed")
         session_pem = _field_key(fields, K_SESSION_KEY, "session key")
         ak_pem = _field_key(fields, K_AK, "AK")
+        certification = None
+        if K_DEVICE_KEY in fields:
+            device_pem = _field_key(fields, K_DEVICE_KEY, "device key")
+            certification = Certification(device_pem, _field_bytes(fields, K_APPROVED_VALUE, "approved PCR value", 32, 32),
+                                          _field_bytes(fields, K_DEVICE_SIGNATURE, "device key signature", 64, 64))
         cred = cls(session_pem, ak_pem, Quote(attest, signature, {pcr: pcr_value}, ak_pem), pcr_value,
-                   tuple(measurements), nonce, pcr)
+                   tuple(measurements), nonce, pcr, certification)
         if cred.to_cbor() != data:
             raise CredentialError("credential is not in its one canonical encoding", "malformed")
         return cred
@@ -194,9 +242,11 @@ def _field_key(fields: dict, key: int, what: str) -> bytes:
 class TpmSessionSigner:
     """Signs commands with an in-memory ECDSA P-256 session key bound to the TPM by one quote.
 
-    `key_handle` is the per-command device key of the `tpm` mode: accepted so the same config
-    works, never used here (and never at `ak_handle`). `measure_model` and `bind` use the TPM
-    under a lock; `sign_command` never does and needs no lock.
+    `key_handle` is the PolicyAuthorize-bound device key: used only by `certify` (never for
+    commands). `measure_model`, `certify` and `bind` use the TPM under a lock; `sign_command` never
+    does and needs no lock. `certification_active`, when set, says whether the certification still
+    describes what runs (a hot swap away from the certified model ends it): `bind` leaves it out
+    of the credential while it returns False.
     """
 
     kind = "tpm-session"
@@ -236,6 +286,8 @@ class TpmSessionSigner:
             raise TpmError(f"PCR {pcr} is {start.hex()[:16]}…, not zero: its earlier measurements are unknown; "
                            "reset it (reset_pcr=True) or use a PCR nothing else extends")
         self._measurements: list[bytes] = []
+        self.certification: Certification | None = None
+        self.certification_active: Callable[[], bool] | None = None
         self._key = ec.generate_private_key(ec.SECP256R1())
         self._session_public_pem = _pem(self._key.public_key())
         self.key_id = key_id_of(self._key.public_key())
@@ -269,6 +321,23 @@ class TpmSessionSigner:
             self._measurements.append(model_sha256)
             return value
 
+    def certify(self, approval, authority) -> Certification:
+        """Have the policy-bound device key at `key_handle` (created when absent, bound to `authority`) sign
+        this session key under `approval`. The TPM checks the approval's PCR state against the PCR's current
+        value: PolicyError(code "refused") when the measured model or modules are not the approved ones.
+        Call it right after the approved measurements (model, modules) and before any other."""
+        from .tpm.policy import key_public_pem, load_or_create_policy_key, policy_sign
+
+        approved = bytes.fromhex(approval.pcr_value)
+        digest = certification_digest(self._session_public_pem, approved)
+        with self._lock:
+            esapi = self._open_esapi()
+            key, self.device_key_created = load_or_create_policy_key(esapi, self.key_handle, authority)
+            signature = policy_sign(esapi, key, approval, authority, digest)
+            device_pem = key_public_pem(esapi, key)
+        self.certification = Certification(device_pem, approved, signature)
+        return self.certification
+
     def bind(self, verifier_nonce: bytes) -> SessionCredential:
         """Quote the PCR with extraData = the binding of the session key to `verifier_nonce` (16..64
         bytes the PLC chose). The credential carries what the TPM quoted; the verifier judges it."""
@@ -282,8 +351,11 @@ class TpmSessionSigner:
                 raise TpmError(f"TPM2_Quote with AK 0x{self.ak_handle:08x} through {self.tcti!r} failed: {exc}") \
                     from exc
             measurements = tuple(self._measurements)
+        cert = self.certification
+        if cert is not None and self.certification_active is not None and not self.certification_active():
+            cert = None
         return SessionCredential(self._session_public_pem, self._ak_public_pem, q, q.pcrs[self.pcr], measurements,
-                                 nonce, self.pcr)
+                                 nonce, self.pcr, cert)
 
     def sign_command(self, cmd: Command) -> bytes:
         key = self._key
@@ -309,12 +381,17 @@ class TpmSessionSigner:
 
 class SessionVerifier:
     """Trusts one device (its AK public key) running one model. `accept` checks a session credential
-    against the nonce this verifier sent and returns the EnvelopeVerifier for that session's commands."""
+    against the nonce this verifier sent and returns the EnvelopeVerifier for that session's commands.
+
+    With `trusted_device_key_pem` (the device's PolicyAuthorize-bound key, 0x81000001) only a session key
+    that key certified is accepted, i.e. one the TPM certified while the measured model and modules were
+    the authority's approved ones; `approved_pcr_value` pins which approval (optional)."""
 
     def __init__(self, trusted_ak_public_pem: bytes, expected_model_sha256: bytes, pcr: int = MODEL_PCR, *,
                  max_age_ns: int | None = None, clock: Callable[[], int] | None = None,
                  deadline_grace_ns: int = 0, max_future_ns: int | None = None,
-                 max_validity_ns: int | None = None) -> None:
+                 max_validity_ns: int | None = None, trusted_device_key_pem: bytes | None = None,
+                 approved_pcr_value: bytes | None = None) -> None:
         ak = serialization.load_pem_public_key(trusted_ak_public_pem)
         if not isinstance(ak, ec.EllipticCurvePublicKey) or ak.curve.name != "secp256r1":
             raise ValueError("trusted AK must be an ECDSA P-256 public key")
@@ -324,6 +401,17 @@ class SessionVerifier:
         self.trusted_ak_public_pem = _pem(ak)
         self.expected_model_sha256 = bytes(expected_model_sha256)
         self.pcr = pcr
+        self._device_der = None
+        if trusted_device_key_pem is not None:
+            device = serialization.load_pem_public_key(trusted_device_key_pem)
+            if not isinstance(device, ec.EllipticCurvePublicKey) or device.curve.name != "secp256r1":
+                raise ValueError("trusted device key must be an ECDSA P-256 public key")
+            self._device_der = _der(device)
+        elif approved_pcr_value is not None:
+            raise ValueError("approved_pcr_value needs trusted_device_key_pem")
+        if approved_pcr_value is not None and len(approved_pcr_value) != 32:
+            raise ValueError("approved_pcr_value must be 32 bytes")
+        self.approved_pcr_value = approved_pcr_value
         self._envelope_options = {"max_age_ns": max_age_ns, "clock": clock, "deadline_grace_ns": deadline_grace_ns,
                                   "max_future_ns": max_future_ns, "max_validity_ns": max_validity_ns}
 
@@ -354,4 +442,27 @@ class SessionVerifier:
         if self.expected_model_sha256 not in cred.measurements:
             raise CredentialError(f"model {self.expected_model_sha256.hex()[:16]}… was not measured into "
                                   f"PCR {cred.pcr} in this session", "model")
+        if self._device_der is not None:
+            self._check_certification(cred)
         return EnvelopeVerifier(cred.session_public_pem, self.expected_model_sha256, **self._envelope_options)
+
+    def _check_certification(self, cred: SessionCredential) -> None:
+        from .tpm.policy import verify_device_signature
+
+        cert = cred.certification
+        if cert is None:
+            raise CredentialError("the session key is not certified by the device's policy-bound key: the device "
+                                  "runs without attestation.certify_session, or a model or module other than the "
+                                  "approved ones (the TPM refuses to certify then)", "uncertified")
+        device = serialization.load_pem_public_key(cert.device_public_pem)
+        if _der(device) != self._device_der:
+            raise CredentialError("the session key is certified by a device key this verifier does not trust",
+                                  "device-key")
+        if self.approved_pcr_value is not None and cert.approved_pcr_value != self.approved_pcr_value:
+            raise CredentialError(f"the session key is certified under approval of PCR value "
+                                  f"{cert.approved_pcr_value.hex()[:16]}…, this verifier expects "
+                                  f"{self.approved_pcr_value.hex()[:16]}…", "approval")
+        digest = certification_digest(cred.session_public_pem, cert.approved_pcr_value)
+        if not verify_device_signature(cert.device_public_pem, digest, cert.signature):
+            raise CredentialError("the device key's certification does not verify for this session key (forged, or "
+                                  "copied from another session)", "certification")

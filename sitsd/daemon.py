@@ -616,6 +616,8 @@ class Daemon:
                                    "t_ns": e.timestamp_ns} for e in list(self.plc_events)[-5:]],
             # the PLC session: losses, reconnects, the frame watchdog (see _supervise_link)
             "plc_link": self._link_status(),
+            # attestation.certify_session: certified at start, and still describing what runs (no swap away)
+            "session_certified": self._session_certified(),
             "audit_file": str(self.audit.path) if self.audit else None,
             # the live head of the hash chain: recorded elsewhere, it shows a cut of the newest records
             "audit_head": {"records": self.audit.records, "hash": self.audit.head} if self.audit else None,
@@ -625,6 +627,13 @@ class Daemon:
             "metrics_url": (f"http://{self.cfg.metrics.host}:{self.metrics.port}/metrics"
                             if self.metrics is not None else None),
         }
+
+    def _session_certified(self) -> bool | None:
+        cert = getattr(self.signer, "certification", None)
+        if cert is None:
+            return None if not self.cfg.attestation.certify_session else False
+        active = getattr(self.signer, "certification_active", None)
+        return active() if active is not None else True
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def serve(self) -> int:

@@ -23,6 +23,7 @@ from attestation.signers import SoftwareSigner
 from .config import Config, load_config
 from .daemon import Daemon
 from .errors import StartupError
+from .hotswap import POLICY_KEY_FILE
 from .model import model_sha256
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -101,6 +102,25 @@ class Simulator:
         self._stderr.close()
 
 
+def _demo_approval(config_path: Path, base, workdir: Path, say) -> dict:
+    """A throwaway authority's approval of the model and modules `base` loads: the config overrides that turn on
+    attestation.certify_session with it (a real plant's approval comes from its vendor, docs/deploy.md)."""
+    from attestation.deploy import split_events
+    from attestation.tpm.policy import approve, generate_authority, load_authority_private
+
+    from .deploy import config_events
+
+    private, public = generate_authority(workdir / "authority")
+    approved, _ = split_events(config_events(base, config_path))
+    approval = approve(load_authority_private(private), base.attestation.measurement_pcr, approved)
+    path = workdir / "demo.approval.json"
+    path.write_text(approval.to_json())
+    say(f"attestation: a demo authority approved model {approval.model_sha256[:16]}… and {len(approved) - 1} "
+        "module(s); the TPM certifies the session key only in that measured state, and the PLC requires it")
+    return {"attestation.certify_session": True, "attestation.approval": str(path),
+            "attestation.authority_key": str(public)}
+
+
 def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_path: Path | None = None,
              progress: TextIO | None = sys.stderr, force_software: bool = False, seed: int = 1,
              rate_hz: float = 100.0, overrides: dict | None = None, transport: str = "udp",
@@ -170,6 +190,11 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
                 say("proofs: off (skipped: there is no circuit for the streaming transformer's attention)")
                 proof_every = 0
         session = hasattr(signer, "bind")
+        # tpm-session on an MLP: a throwaway authority approves this model and these modules, the TPM certifies the
+        # session key only in that measured state, and the simulated PLC accepts only a certified session key
+        certify = _demo_approval(config_path, base, workdir, say) if hasattr(signer, "certify") and \
+            base.model.kind == "mlp" else {}
+        sim_extra = ("--trust-policy-key", str(workdir / "audit" / POLICY_KEY_FILE)) if certify else ()
         key_path = workdir / ("device.pub.pem" if session else "signer.pub.pem")
         key_path.write_bytes(signer.device_public_key_pem() if session else signer.public_key_pem())
         how = {"udp": f"UADP on {udp_url}", "opcua": "OPC UA subscription",
@@ -181,7 +206,7 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
             say(f"OPC UA security: Basic256Sha256 {security}, certificates trusted both ways")
         sim = Simulator(udp_url, key_path, model_sha, seed, rate_hz, workdir, opcua_frames=transport == "opcua",
                         link=link, security=security, pki=plc_pki, field_encoding=field_encoding,
-                        profile=profile, session=session)
+                        profile=profile, session=session, extra_args=sim_extra)
         launch_time = sim.launch_time
         if transport == "udp":
             transport_cfg = {"transport.url": udp_url, "transport.interface": "127.0.0.1",
@@ -194,7 +219,7 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
             transport_cfg = {"transport": {"kind": "opcua-subscription", "publishing_interval_ms": 1.0,
                                            "node": f"nsu={SIM_NAMESPACE};s=RollingMill.SensorFrame"}}
         cfg: Config = load_config(config_path, {
-            **attestation, **transport_cfg,
+            **attestation, **certify, **transport_cfg,
             "plc.endpoint": sim.endpoint, "plc.command_node": f"nsu={SIM_NAMESPACE};s=RollingMill.RollGapCommand",
             "plc.security": security, "plc.pki_dir": str(workdir / "pki-sitsd"), "plc.profile": profile,
             "metrics.port": 0,
@@ -251,6 +276,7 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
             "stages_us": {k: {"p50": v["p50"], "p99": v["p99"]} for k, v in status["stages_us"].items()},
             "signer": status["signer"],
             "signing_mode": status["signing_mode"],
+            "session_certified": status["session_certified"],
             "transport": transport,
             "security": security,
             "rx_stamp_source": status["rx_stamp_source"],

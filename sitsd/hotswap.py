@@ -28,6 +28,7 @@ from ep.session import ModelRunner
 
 from .wasm import ModuleVersion, WasmError, WasmHost
 
+POLICY_KEY_FILE = "device-policy.pub.pem"  # certify_session: the policy-bound device key a PLC may require
 WATCH_FRAMES = 200  # frames after a swap during which a fault or an error spike rolls back
 # A deadline trap can be the scheduler's doing (a preempted loop thread overruns a wall-clock limit on a
 # busy box), so it takes this many to roll back; any other trap (fuel, out-of-bounds, unreachable, bad
@@ -467,6 +468,46 @@ def model_bounds_check(get_config):
     return check
 
 
+def certify_session(daemon, log) -> None:
+    """attestation.certify_session: the policy-bound device key certifies the session key while the measurement
+    PCR holds the model and modules just measured; the TPM refuses unless they are the approved ones, and then
+    sitsd does not start. The certification is sent to the PLC only while that model and those modules run."""
+    from attestation.errors import AttestationError
+    from attestation.tpm.policy import Approval, PolicyError, load_authority_public
+
+    from .errors import StartupError
+
+    a, signer, st = daemon.cfg.attestation, daemon.signer, daemon.loop.stage_set
+    fix = ("  fix: approve this model and these modules (sitsctl policy approve --config FILE) and set "
+           "attestation.approval to it, or set attestation.certify_session: false (docs/deploy.md)")
+    if not hasattr(signer, "certify") or log.tpm is None:
+        raise StartupError(f"attestation.certify_session needs the tpm-session signer on a TPM, not {signer.kind}")
+    try:
+        authority = load_authority_public(a.authority_key)
+        approval = Approval.load(a.approval)
+        approval.verify(authority)
+        if approval.pcr != log.pcr:
+            raise PolicyError(f"the approval is for PCR {approval.pcr}, attestation.measurement_pcr is {log.pcr}",
+                              "pcr")
+        cert = signer.certify(approval, authority)
+    except PolicyError as exc:
+        what = ("the TPM refused to certify the session key" if exc.code == "refused"
+                else "cannot certify the session key")
+        raise StartupError(f"attestation.certify_session: {what}: {exc.reason}\n{fix}") from exc
+    except AttestationError as exc:
+        raise StartupError(f"attestation.certify_session: {exc}\n{fix}") from exc
+    certified = _stage_identity(st)
+    signer.certification_active = lambda: _stage_identity(daemon.loop.stage_set) == certified
+    (Path(daemon.cfg.audit.directory) / POLICY_KEY_FILE).write_bytes(cert.device_public_pem)
+    daemon.log.info("session key certified by the TPM", device_key=f"0x{a.key_handle:08x}",
+                    approved_pcr_value=cert.approved_pcr_value.hex(), created=signer.device_key_created,
+                    device_key_file=str(Path(daemon.cfg.audit.directory) / POLICY_KEY_FILE))
+
+
+def _stage_identity(st) -> tuple:
+    return (st.model_sha256, *((m.stage, m.sha256) for m in (st.pre, st.post) if m is not None))
+
+
 def attach(daemon) -> HotSwap:
     """The daemon's HotSwap, with the startup deployment measured (model, modules, config). The model and
     modules measured are the loop's, so a set loaded from persisted updates (sitsd.persist) is measured as
@@ -487,6 +528,8 @@ def attach(daemon) -> HotSwap:
     for m in (st.pre, st.post):
         if m is not None:
             log.record(f"module:{m.stage}", m.name, m.sha256)
+    if cfg.attestation.certify_session:  # now, while the PCR holds exactly the approved part
+        certify_session(daemon, log)
     persistence = getattr(daemon, "persistence", None)
     if daemon.config_path is not None:
         # the bytes the persisted state is compared with, hashed once at start (file_sha256 if not yet)

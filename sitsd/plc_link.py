@@ -149,15 +149,24 @@ class PlcLink:
         if not isinstance(nonce, (bytes, bytearray)) or not 16 <= len(nonce) <= 64:
             raise StartupError(f"plc.session_nonce_node {p.session_nonce_node}: expected a 16-64 byte nonce")
         credential = self.signer.bind(bytes(nonce))
+        if credential.certification is not None:
+            uncertified = ""
+        elif getattr(self.signer, "certification", None) is not None:
+            uncertified = (", or requires a certified session key (attestation.certify_session), which ended when a "
+                           "model or module other than the certified ones was swapped in: restart sitsd with an "
+                           "approved deployment")
+        else:
+            uncertified = (", or requires a session key certified by the device's policy key (set "
+                           "attestation.certify_session: true with an approval)")
         try:
             await cred_node.write_value(ua.DataValue(ua.Variant(credential.to_cbor(), ua.VariantType.ByteString)))
         except ua.UaStatusCodeError as exc:
             raise StartupError(
                 f"the PLC refused the session credential ({exc}): it does not trust this device's attestation key "
-                f"or expects another model\n  fix: enrol {self.device_key_file} and "
+                f"or expects another model{uncertified}\n  fix: enrol {self.device_key_file} and "
                 f"the model hash {self.model_sha256.hex()[:16]}… in the PLC's session verifier") from exc
         self.log.info("session key bound to the TPM quote", session_key=self.signer.key_id.hex(),
-                      nonce=bytes(nonce).hex()[:16])
+                      nonce=bytes(nonce).hex()[:16], certified=credential.certification is not None)
 
     async def _secure(self, client: Client) -> TrustListValidator:
         """Basic256Sha256 with this device's certificate; the PLC's certificate must be in the trust list."""

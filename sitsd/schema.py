@@ -407,6 +407,10 @@ class AttestationSection(_Section):
     approval: Path | None = Field(default=None, description="the authority's approval (sitsctl policy approve)")
     authority_key: Path | None = Field(default=None, description="the authority's public key (PEM) approvals "
                                        "are checked against; keep its private key offline")
+    certify_session: bool = Field(
+        default=False, description="tpm-session: at each start the PolicyAuthorize-bound device key (key_handle) "
+        "certifies the session key, which the TPM does only while the measured model and modules are the ones "
+        "`approval` approves; sitsd refuses to start otherwise. Needs approval and authority_key")
     require_signatures: Literal["off", "modules", "all"] = Field(
         default="off", description="which files need the authority's detached signature (FILE.sig, `sitsctl sign`) "
         "at startup, hot swap and reload: none, WASM modules, or modules + model + config (production: all)")
@@ -424,6 +428,20 @@ class AttestationSection(_Section):
                              "locality 0; sitsd resets it at every start and replays its measurements from zero")
         if self.mode == "tpm2" and self.signing == "tpm-session" and self.measurement_pcr == 16:
             raise ValueError("measurement_pcr 16 is the PCR the tpm-session signer binds its session key to; use 23")
+        return self
+
+    @model_validator(mode="after")
+    def _certify_session(self):
+        if not self.certify_session:
+            return self
+        if self.mode != "tpm2" or self.signing != "tpm-session":
+            raise ValueError("certify_session needs mode tpm2 and signing tpm-session (the TPM certifies the "
+                             "session key)")
+        if self.approval is None or self.authority_key is None:
+            raise ValueError("certify_session needs approval (sitsctl policy approve) and authority_key, the "
+                             "authority's public key the device key is bound to")
+        if self.key_handle == self.ak_handle:
+            raise ValueError("certify_session: key_handle (the policy-bound device key) must differ from ak_handle")
         return self
 
     @model_validator(mode="after")

@@ -33,6 +33,28 @@ def _rate(now: dict, prev: dict | None, dt: float, key: str) -> str:
     return f"{(now['counters'][key] - prev['counters'][key]) / dt:.1f}/s"
 
 
+def _link_line(link: dict | None) -> str:
+    """The PLC session: up or down (for how long), losses, reconnects, commands not sent, the frame watchdog."""
+    if not link:
+        return "  link      -"
+    state = "up" if link.get("connected") else (f"DOWN {link['down_s']} s" if link.get("down_s") is not None
+                                                 else "DOWN")
+    text = (f"  link      {state}  losses {link.get('losses', 0)}  reconnects {link.get('reconnects', 0)}  "
+            f"not sent {link.get('commands_not_sent', 0)}  frame age {link.get('frame_age_ms', 0)} ms"
+            f"/{link.get('frame_timeout_ms', 0)} ms")
+    if link.get("frames_stalled_s") is not None:
+        text += f"  FRAMES STALLED {link['frames_stalled_s']} s"
+    if link.get("last_loss") and not link.get("connected"):
+        text += f"  ({link['last_loss']})"
+    return text
+
+
+def _certified(value: bool | None) -> str:
+    if value is None:
+        return ""
+    return "  session key certified by the TPM" if value else "  session key NOT certified (swapped since start)"
+
+
 def render(status: dict, prev: dict | None = None, dt: float = 0.0) -> str:
     """One screen of text for a status answer (and the previous one, for rates)."""
     c, lat = status["counters"], status["latency_us"]
@@ -43,6 +65,7 @@ def render(status: dict, prev: dict | None = None, dt: float = 0.0) -> str:
         f"(key {str(status.get('key_id') or '')[:16]})  transport {status.get('transport')} "
         f"(rx stamps {status.get('rx_stamp_source')})",
         f"  PLC {status.get('plc')}" + (f"  ptp {status['ptp']}" if status.get("ptp") else ""),
+        _link_line(status.get("plc_link")) + _certified(status.get("session_certified")),
         "",
         f"  frames    {c['frames']:>10}  {_rate(status, prev, dt, 'frames'):>10}",
         f"  commands  {c['commands']:>10}  {_rate(status, prev, dt, 'commands'):>10}",

@@ -7,6 +7,7 @@ from sitsd.demo import run_demo
 def test_closed_loop_with_tpm_signing_beats_open_loop():
     r = run_demo(seconds=5, progress=None)
     assert r["signer"] == "tpm" and r["signing_mode"] == "tpm-session"  # quote-bound session key
+    assert r["session_certified"] is True  # and certified by the policy-bound device key (the PLC requires it)
     assert r["frames"] > 100 and r["commands"] > 100
     assert r["rejected_by_plc"] == 0
     assert r["plc_accepted"] >= r["commands"] - 1  # the last write may be in flight at the snapshot

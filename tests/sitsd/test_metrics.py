@@ -190,6 +190,25 @@ def test_top_shows_the_numbers_of_the_running_daemon(running):
     assert len(p50) == 2 and 0 < float(p50[-1][0]) <= float(p50[-1][1]) <= float(p50[-1][2])
     for stage in STAGES:
         assert re.search(rf"^  {stage} +-?[\d.]+ +-?[\d.]+ +-?[\d.]+$", text, re.M), stage
+    link = re.findall(r"^  link +(up|DOWN[^ ]*) +losses (\d+) +reconnects (\d+) +not sent (\d+) +frame age (\d+) ms/(\d+) ms",
+                      text, re.M)
+    assert len(link) == 2 and link[-1][0] == "up" and int(link[-1][5]) > 0, text
+    assert "certified" not in text  # software signer: no certification line
+
+
+def test_top_shows_a_link_that_is_down_and_a_certification_that_ended():
+    from sitsd.top import render
+
+    status = {"line": "mill", "state": "running", "uptime_s": 5, "counters": {
+        "frames": 1, "commands": 1, "dropped": 0, "failsafe": 0}, "latency_us": {"p50": 1.0, "p99": 2.0},
+        "plc_link": {"connected": False, "losses": 2, "reconnects": 1, "down_s": 1.5, "commands_not_sent": 7,
+                     "frame_age_ms": 1600, "frame_timeout_ms": 500, "frames_stalled_s": 1.1,
+                     "last_loss": "PLC write failed"}, "session_certified": False}
+    text = render(status)
+    assert "link      DOWN 1.5 s  losses 2  reconnects 1  not sent 7  frame age 1600 ms/500 ms" in text
+    assert "FRAMES STALLED 1.1 s" in text and "(PLC write failed)" in text
+    assert "session key NOT certified" in text
+    assert "session key certified by the TPM" in render({**status, "session_certified": True})
 
 
 def test_a_model_swap_and_its_rollback_show_in_the_metrics(running, tmp_path):
