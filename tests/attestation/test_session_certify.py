@@ -171,6 +171,32 @@ def test_credential_with_only_part_of_the_certification_is_malformed(swtpm, auth
         signer.close()
 
 
+def test_every_changed_byte_of_a_certified_credential_is_refused_cleanly(swtpm, authority):
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    approval = approve(authority, 23, APPROVED)
+    signer = started(swtpm, APPROVED)
+    cert = signer.certify(approval, authority.public_key())
+    nonce = os.urandom(32)
+    data = signer.bind(nonce).to_cbor()
+    signer.close()
+    verifier = SessionVerifier(SessionCredential.from_cbor(data).ak_public_pem, MODEL,
+                               trusted_device_key_pem=cert.device_public_pem)
+    verifier.accept(data, nonce)
+    for size in range(len(data)):
+        rejected(verifier, data[:size], nonce)
+
+    @settings(max_examples=300, deadline=None, database=None)
+    @given(st.integers(0, len(data) - 1), st.integers(1, 255))
+    def every_changed_byte_is_refused(index, xor):
+        garbled = bytearray(data)
+        garbled[index] ^= xor
+        rejected(verifier, bytes(garbled), nonce)
+
+    every_changed_byte_is_refused()
+
+
 def test_verifier_arguments_are_checked():
     ak = public_pem(ec.generate_private_key(ec.SECP256R1()).public_key())
     with pytest.raises(ValueError, match="needs trusted_device_key_pem"):
