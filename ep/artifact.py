@@ -111,6 +111,12 @@ class Manifest:
         return any(layer.get("format", "").startswith("float8") for layer in self.data["quantization"]["layers"])
 
     @property
+    def compute(self) -> dict | None:
+        """`runtime.compute` (`ep.lowering`): how the FP8 weights are computed at load; None means the
+        default FP32 fold (older manifests have no such entry)."""
+        return self.data.get("runtime", {}).get("compute")
+
+    @property
     def accuracy(self) -> dict:
         return self.data["accuracy"]
 
@@ -281,12 +287,17 @@ def dequantized(model_bytes: bytes) -> bytes:
     """The graph with every `DequantizeLinear` of constant weights folded into an FP32 initializer: what
     ORT computes at load with `session.disable_quant_qdq=1` (float32(q) * scale, one IEEE multiply per
     element, so the same bits). For tools that read the deployed weights as plain FP32 (the proof circuit).
-    Graphs without such nodes come back unchanged."""
+    Graphs without such nodes come back unchanged. An `int8-blocks` artifact (`ep.lowering`) does not
+    compute with these weights: ModelLoadError."""
     import numpy as np
     import onnx
     from onnx import numpy_helper
 
     model = onnx.load_from_string(model_bytes)
+    from .lowering import REFUSAL, marked
+
+    if marked(model) not in (None, "fp32"):
+        raise ModelLoadError(f"model: {REFUSAL}")
     g = model.graph
     inits = {t.name: t for t in g.initializer}
     folded, keep = {}, []

@@ -10,7 +10,9 @@ FP8, plainly: no CPU has FP8 arithmetic, and no provider this layer configures c
 An FP8 artifact is loaded with `session.disable_quant_qdq=1`, so ORT folds every
 `DequantizeLinear(float8)` into an FP32 weight at load and runs FP32 kernels: FP8 makes the file
 (and the download, and the measured artifact) 4x smaller; RAM and speed are FP32. `Session.notes`
-says so for each session that does it.
+says so for each session that does it. An artifact compiled with `--compute int8-blocks` instead
+has its large FP8 layers re-quantized at load to int8 blocks run by MatMulNBits (`ep.lowering`):
+int8 arithmetic, with the error measured by compile through the same lowering.
 """
 from __future__ import annotations
 
@@ -38,9 +40,23 @@ def sha256_file(path: str | Path) -> bytes:
     return h.digest()
 
 
-def session_options(threads: int = 1, fp8_storage: bool = False) -> ort.SessionOptions:
-    """The options every SITS session uses; `fp8_storage` folds float8 DequantizeLinear at load."""
+def runtime_model(data: bytes, manifest) -> bytes:
+    """The graph a session runs for `data` (merged artifact bytes): the manifest's `runtime.compute`
+    applied (`ep.lowering`), or `data` unchanged. `compile` measures accuracy on the same bytes."""
+    compute = manifest.compute if manifest is not None else None
+    if not compute or compute.get("mode") == "fp32":
+        return data
+    from .lowering import lower
+
+    return lower(data, compute)
+
+
+def session_options(threads: int = 1, fp8_storage: bool = False, arena: bool = True) -> ort.SessionOptions:
+    """The options every SITS session uses; `fp8_storage` folds float8 DequantizeLinear at load;
+    `arena=False` turns ORT's CPU memory arena off (`ep.Session` does: intermediates of a batch-1 call
+    are a few KiB, and malloc/free for them is ~0.2 us per call cheaper than the arena's bookkeeping)."""
     so = ort.SessionOptions()
+    so.enable_cpu_mem_arena = arena
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -98,7 +114,10 @@ class Session:
 
     After construction: `choice` (provider, device, how chosen), `placement` (provider -> nodes, as
     ORT assigned them), `fp8_folded` and `notes` (plain statements about what runs how), `sha256`
-    (file or artifact hash), `manifest` (artifacts)."""
+    (file or artifact hash), `manifest` (artifacts), `compute` (the manifest's `runtime.compute`:
+    an `int8-blocks` artifact has its large FP8 layers re-quantized at load, `ep.lowering`).
+    ORT's CPU memory arena is off: measured ~0.4 us per call faster with MatMulNBits (its per-call
+    workspace), neutral for FP32 MLPs and the streaming model."""
 
     def __init__(self, model: str | Path | bytes, *, policy: str = "auto", threads: int = 1,
                  expected_sha256: str | None = None, fp8_storage: bool | None = None,
@@ -116,7 +135,10 @@ class Session:
         self.label = label or (str(self.path) if self.path is not None else "model bytes")
         self.fp8_folded = bool(self.manifest is not None and self.manifest.fp8) if fp8_storage is None else fp8_storage
         self.choice = prov.choose_provider(policy, use_device_api=use_device_api)
-        so = session_options(threads, fp8_storage=self.fp8_folded)
+        self.compute = self.manifest.compute if self.manifest is not None else None
+        if self.compute and self.compute.get("mode") != "fp32":
+            data = runtime_model(data, self.manifest)
+        so = session_options(threads, fp8_storage=self.fp8_folded, arena=False)
         so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         providers = prov.apply(self.choice, so, provider_options)
         try:
@@ -126,7 +148,11 @@ class Session:
                                  f"{self.choice.provider}: {exc}") from exc
         self.placement = prov.node_placement(self.session)
         self.notes = [f"provider: {self.choice.describe()}"]
-        if self.fp8_folded:
+        if self.compute and self.compute.get("mode") != "fp32":
+            from .lowering import describe
+
+            self.notes.append(describe(self.compute))
+        elif self.fp8_folded:
             self.notes.append(FP8_NOTE.format(provider=self.choice.provider))
         if self.placement:
             self.notes.append("nodes: " + "; ".join(f"{p} {len(n)}" for p, n in self.placement.items()))

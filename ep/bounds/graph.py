@@ -37,6 +37,10 @@ def load_graph(model: ModelLike | Graph) -> Graph:
     if isinstance(model, Graph):
         return model
     proto, _ = read_model(model)
+    from ..lowering import REFUSAL, marked
+
+    if marked(proto) not in (None, "fp32"):
+        raise BoundsError(f"model: {REFUSAL}")
     g = proto.graph
     consts: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in g.initializer}
     x_info, y_info = _single_io(g, consts)

@@ -1,4 +1,4 @@
-"""`sitsctl compile MODEL.onnx --target cpu --quantization {none,fp8-adaptive,int8}
+"""`sitsctl compile MODEL.onnx --target cpu --quantization {none,fp8-adaptive,int8} [--compute {fp32,int8-blocks}]
 --kv-cache-policy {none,window,tiered} --calibration DATA.npy --output DIR`: progress on stderr, a summary on stdout, exit 0 / 1 (compile
 error) / 2 (usage)."""
 from __future__ import annotations
@@ -8,6 +8,7 @@ import json
 import sys
 
 from ..errors import CompileError
+from ..lowering import COMPUTE_MODES
 from .pipeline import KV_CACHE_POLICIES, MODES, TARGETS, compile_model
 
 EPILOG = """examples:
@@ -32,6 +33,11 @@ def build_parser(prog: str = "sitsctl compile") -> argparse.ArgumentParser:
     p.add_argument("--quantization", choices=MODES, default="fp8-adaptive",
                    help="weight format: fp8-adaptive (E4M3/E5M2 per layer, storage only), int8 (dynamic, "
                         "faster on VNNI CPUs), none")
+    p.add_argument("--compute", choices=COMPUTE_MODES, default="fp32",
+                   help="fp8-adaptive: fp32 (FP8 folded to FP32 at load; what ep.bounds and the proof circuit "
+                        "analyse) or int8-blocks (large FP8 layers re-quantized at load to int8 blocks, "
+                        "MatMulNBits with int8 activations: faster at batch 1, error in the accuracy report; "
+                        "not covered by bounds certificates or proofs)")
     p.add_argument("--kv-cache-policy", choices=KV_CACHE_POLICIES, default="none",
                    help="streaming models: window (hot sliding window; pages that slide out are dropped) or "
                         "tiered (hot window, warm compressed pages, cold slots in a file); MLPs: none")
@@ -69,6 +75,9 @@ def summary(manifest, output) -> str:
     lines += [f"  size          {sizes['artifact_bytes']} bytes (model.onnx + weights.sitsw)"
               + (f", {ratio:.2f} x the source weights ({sizes['source_weight_bytes']} bytes)" if ratio else ""),
               f"  operators     {ops['total_before']} -> {ops['total_after']}",
+              *([f"  compute       int8-blocks: {len(d['runtime']['compute']['layers'])} layer(s) as int8 blocks "
+                 f"of {d['runtime']['compute']['block_size']} (MatMulNBits) at load"]
+                if d.get("runtime", {}).get("compute") else []),
               "  kv cache      " + (", ".join(f"{k} {v}" for k, v in d["kv_cache_policy"].items())
                                      if isinstance(d["kv_cache_policy"], dict) else d["kv_cache_policy"]),
               f"  error vs FP32 max {acc['max_abs_error']:.3g}, mean {acc['mean_abs_error']:.3g} "
@@ -91,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                                  calibration=args.calibration, target=args.target,
                                  progress=None if args.quiet else progress, kv_cache_policy=args.kv_cache_policy,
                                  fp8_max_layer_error=args.max_layer_error, overwrite=args.force,
+                                 compute=args.compute,
                                  kv_params={k: getattr(args, k) for k in ("window", "page_tokens", "warm_codec",
                                                                           "warm_pages", "cold_slots")})
     except CompileError as exc:

@@ -7,7 +7,9 @@ Pipeline (each step a pass ModelProto -> ModelProto with a report entry in the m
                     fp8-adaptive  upgrade_opset(21), gemm_to_matmul, quantize_fp8, eliminate_dead_code
                     int8          gemm_to_matmul, quantize_int8 (onnxruntime quantize_dynamic),
                                   eliminate_dead_code
-    and a final infer_shapes as a check.
+    and a final infer_shapes as a check. With `compute="int8-blocks"` (fp8-adaptive only) the manifest's
+    `runtime.compute` lists the FP8 layers the runtime re-quantizes to int8 blocks at load
+    (`ep.lowering`, MatMulNBits), and the accuracy report below is measured through that lowering.
 
 The calibration rows are shuffled with a fixed seed and split: 75 % *calibration* (layer
 activations for the FP8 format choice and the int8 error records) and 25 % *held-out*. The accuracy
@@ -44,7 +46,8 @@ from onnx import ModelProto, TensorProto, helper, numpy_helper
 from ..artifact import (CONTAINER_FILE, FORMAT, FORMAT_VERSION, MANIFEST_FILE, MODEL_FILE, Manifest,
                         load_artifact)
 from ..container import write_container
-from ..session import session_options
+from ..session import runtime_model, session_options
+from .. import lowering
 from . import fp8 as fp8_mod
 from . import int8 as int8_mod
 from ..errors import CompileError
@@ -185,10 +188,12 @@ def compile_model(model_path: str | Path, output_dir: str | Path, quantization: 
                   calibration: np.ndarray | str | Path | None = None, target: str = "cpu",
                   progress: Callable[[str], None] | None = None, *, kv_cache_policy: str = "none",
                   fp8_max_layer_error: float = 0.25, overwrite: bool = False,
-                  chunk_size: int = 16 << 20, kv_params: dict | None = None) -> Manifest:
+                  chunk_size: int = 16 << 20, kv_params: dict | None = None, compute: str = "fp32") -> Manifest:
     """Compiles `model_path` into the artifact directory `output_dir` and returns its manifest. A streaming
     model (`ep.compile.streaming`) takes `kv_cache_policy` window or tiered with `kv_params` (window,
-    page_tokens, warm_codec, warm_pages, cold_slots); its calibration data is one stream of frames."""
+    page_tokens, warm_codec, warm_pages, cold_slots); its calibration data is one stream of frames.
+    `compute` "int8-blocks" (with fp8-adaptive only) runs the large FP8 layers as int8 blocks
+    (`ep.lowering`); the accuracy report is measured through it."""
     say = progress or _noop
     timings: dict[str, float] = {}
     t_all = time.perf_counter()
@@ -199,6 +204,11 @@ def compile_model(model_path: str | Path, output_dir: str | Path, quantization: 
     if kv_cache_policy not in KV_CACHE_POLICIES:
         raise CompileError(f"kv-cache-policy {kv_cache_policy!r} is not supported; supported: "
                            f"{', '.join(KV_CACHE_POLICIES)}")
+    if compute not in lowering.COMPUTE_MODES:
+        raise CompileError(f"compute {compute!r}: choose one of {', '.join(lowering.COMPUTE_MODES)}")
+    if compute != "fp32" and quantization != "fp8-adaptive":
+        raise CompileError(f"compute {compute} re-quantizes FP8 weights at load; it takes --quantization "
+                           f"fp8-adaptive, not {quantization}")
     model_path, output_dir = Path(model_path), Path(output_dir)
     say(f"reading {model_path}")
     source, source_sha = load_model(model_path)
@@ -209,6 +219,9 @@ def compile_model(model_path: str | Path, output_dir: str | Path, quantization: 
     streaming = stream_mod.is_streaming(model)
     kv = stream_mod.kv_settings(kv_cache_policy, streaming, model_path.name, **(kv_params or {}))
     if streaming:
+        if compute != "fp32":
+            raise CompileError(f"model {model_path}: compute {compute} is not offered for streaming models "
+                               f"(their layers are below the size where int8 blocks pay)")
         if quantization == "int8":
             raise CompileError(f"model {model_path}: int8 (quantize_dynamic) is not offered for streaming models; "
                                f"use --quantization fp8-adaptive or none")
@@ -283,6 +296,9 @@ def compile_model(model_path: str | Path, output_dir: str | Path, quantization: 
     except Exception as exc:
         raise CompileError(f"the compiled graph fails the ONNX checker: {exc}") from exc
     ops_after = count_ops(model)
+    compute_spec = lowering.spec(model) if compute != "fp32" else None
+    if compute_spec:  # in the graph too: ep.bounds and ep.artifact.dequantized refuse such bytes
+        lowering.mark(model, compute)
 
     # --- split into skeleton + container ---------------------------------------------------------
     tensors: dict[str, np.ndarray] = {}
@@ -336,8 +352,10 @@ def compile_model(model_path: str | Path, output_dir: str | Path, quantization: 
                         "session_config": ({"session.disable_quant_qdq": "1"}
                                            if any(lay.get("format", "").startswith("float8") for lay in layers)
                                            else {}),
-                        "fp8": "storage only: DequantizeLinear folded to FP32 weights at load"
-                        if quantization == "fp8-adaptive" else None},
+                        "fp8": ("storage only: DequantizeLinear folded to FP32 weights at load"
+                                + (", except the layers in compute (int8 blocks)" if compute_spec else ""))
+                        if quantization == "fp8-adaptive" else None,
+                        **({"compute": compute_spec} if compute_spec else {})},
             "passes": passes,
             "operator_counts": {"before": ops_before, "after": ops_after,
                                 "total_before": sum(ops_before.values()), "total_after": sum(ops_after.values())},
@@ -352,7 +370,7 @@ def compile_model(model_path: str | Path, output_dir: str | Path, quantization: 
         timings["verify_and_merge_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         try:
-            sess = ort.InferenceSession(model_bytes, session_options(1, fp8_storage=loaded.fp8),
+            sess = ort.InferenceSession(runtime_model(model_bytes, loaded), session_options(1, fp8_storage=loaded.fp8),
                                         providers=["CPUExecutionProvider"])
         except Exception as exc:
             raise CompileError(f"onnxruntime cannot load the compiled artifact: {exc}") from exc
