@@ -164,7 +164,11 @@ def verify_record(record: dict, *, nonce: bytes, authority=None, ak_public_pem: 
             raise DeployError(f"approval: {exc.reason}", "authority" if exc.code == "authority" else "approval") \
                 from None
         if record.get("live"):  # a running daemon's log: what it runs now is the last event of each kind
-            latest = {e.kind: (e.kind, e.name, e.sha256) for e in events if e.kind in APPROVED_KINDS}
+            latest = {}  # a rollback (`rollback:model`, ...) measures the version it made current
+            for e in events:
+                kind = e.kind.removeprefix("rollback:")
+                if kind in APPROVED_KINDS:
+                    latest[kind] = (kind, e.name, e.sha256)
             if sorted(latest.values()) != sorted(tuple(e) for e in approval.events):
                 raise DeployError(f"the running model/modules {sorted(latest.values())} are not the approved "
                                   f"{sorted(approval.events)}", "model")

@@ -326,15 +326,23 @@ class TpmSessionSigner:
         this session key under `approval`. The TPM checks the approval's PCR state against the PCR's current
         value: PolicyError(code "refused") when the measured model or modules are not the approved ones.
         Call it right after the approved measurements (model, modules) and before any other."""
-        from .tpm.policy import key_public_pem, load_or_create_policy_key, policy_sign
+        from .tpm.policy import PolicyError, key_public_pem, load_or_create_policy_key, policy_sign
 
         approved = bytes.fromhex(approval.pcr_value)
         digest = certification_digest(self._session_public_pem, approved)
         with self._lock:
             esapi = self._open_esapi()
-            key, self.device_key_created = load_or_create_policy_key(esapi, self.key_handle, authority)
-            signature = policy_sign(esapi, key, approval, authority, digest)
-            device_pem = key_public_pem(esapi, key)
+            step = f"provisioning the policy-bound device key at 0x{self.key_handle:08x}"
+            try:
+                key, self.device_key_created = load_or_create_policy_key(esapi, self.key_handle, authority)
+                step = "reading the device key's public part"
+                device_pem = key_public_pem(esapi, key)
+                step = "TPM2_Sign under the approval's policy"
+                signature = policy_sign(esapi, key, approval, authority, digest)
+            except PolicyError:
+                raise
+            except Exception as exc:  # TSS2_Exception (no owner auth, TPM gone), a key that does not parse
+                raise PolicyError(f"{step} through {self.tcti!r} failed: {exc}", "tpm") from exc
         self.certification = Certification(device_pem, approved, signature)
         return self.certification
 
@@ -343,6 +351,9 @@ class TpmSessionSigner:
         bytes the PLC chose). The credential carries what the TPM quoted; the verifier judges it."""
         nonce = _check_nonce(verifier_nonce)
         extra = session_binding(self._session_public_pem, nonce)
+        cert = self.certification  # judged before the quote: a swap meanwhile cannot carry it over
+        if cert is not None and self.certification_active is not None and not self.certification_active():
+            cert = None
         with self._lock:
             esapi = self._open_esapi()
             try:
@@ -351,9 +362,6 @@ class TpmSessionSigner:
                 raise TpmError(f"TPM2_Quote with AK 0x{self.ak_handle:08x} through {self.tcti!r} failed: {exc}") \
                     from exc
             measurements = tuple(self._measurements)
-        cert = self.certification
-        if cert is not None and self.certification_active is not None and not self.certification_active():
-            cert = None
         return SessionCredential(self._session_public_pem, self._ak_public_pem, q, q.pcrs[self.pcr], measurements,
                                  nonce, self.pcr, cert)
 
@@ -385,13 +393,15 @@ class SessionVerifier:
 
     With `trusted_device_key_pem` (the device's PolicyAuthorize-bound key, 0x81000001) only a session key
     that key certified is accepted, i.e. one the TPM certified while the measured model and modules were
-    the authority's approved ones; `approved_pcr_value` pins which approval (optional)."""
+    some approved ones. Pin which: `approval` with its `authority` (the approval is verified here and must
+    approve `expected_model_sha256`; its modules are then the only ones accepted), or `approved_pcr_value`.
+    Without a pin, any approval the authority ever signed for this device key is accepted."""
 
     def __init__(self, trusted_ak_public_pem: bytes, expected_model_sha256: bytes, pcr: int = MODEL_PCR, *,
                  max_age_ns: int | None = None, clock: Callable[[], int] | None = None,
                  deadline_grace_ns: int = 0, max_future_ns: int | None = None,
                  max_validity_ns: int | None = None, trusted_device_key_pem: bytes | None = None,
-                 approved_pcr_value: bytes | None = None) -> None:
+                 approved_pcr_value: bytes | None = None, approval=None, authority=None) -> None:
         ak = serialization.load_pem_public_key(trusted_ak_public_pem)
         if not isinstance(ak, ec.EllipticCurvePublicKey) or ak.curve.name != "secp256r1":
             raise ValueError("trusted AK must be an ECDSA P-256 public key")
@@ -402,6 +412,14 @@ class SessionVerifier:
         self.expected_model_sha256 = bytes(expected_model_sha256)
         self.pcr = pcr
         self._device_der = None
+        if approval is not None:
+            if authority is None or approved_pcr_value is not None:
+                raise ValueError("approval needs its authority's public key, and replaces approved_pcr_value")
+            approval.verify(authority)  # PolicyError when it is not the authority's or does not add up
+            if approval.model_sha256 != bytes(expected_model_sha256).hex():
+                raise ValueError(f"the approval is for model {approval.model_sha256[:16]}…, this verifier expects "
+                                 f"{bytes(expected_model_sha256).hex()[:16]}…")
+            approved_pcr_value = bytes.fromhex(approval.pcr_value)
         if trusted_device_key_pem is not None:
             device = serialization.load_pem_public_key(trusted_device_key_pem)
             if not isinstance(device, ec.EllipticCurvePublicKey) or device.curve.name != "secp256r1":

@@ -11,6 +11,9 @@ import time
 from pathlib import Path
 
 OK_LINE = "Verified: [OK] DeviceID={device} | ModelSHA256={model} | PolicySig={policy}"
+# A running sitsd undoes a live load that is not confirmed (`deploy_commit`) within this many seconds of
+# loading it (sitsd/deploy.py): ample time to verify its quote and stage the record on a slow, busy device.
+CONFIRM_TIMEOUT_S = 30.0
 
 
 class Fail(Exception):
@@ -188,6 +191,16 @@ def _deploy(args) -> dict:
         raise Fail(f"model artifact SHA-256 {model_sha} differs from model.sha256 {cfg.model.sha256} pinned in "
                    f"{args.config}")
     approved, _ = split_events(events)
+    if a.certify_session and mode == "tpm2":
+        # sitsd certifies its session key with the config's approval and authority at every start: a deployment
+        # under others would verify now and leave a daemon that cannot start
+        for given, configured, what in ((approval_path, a.approval, "approval"),
+                                        (authority_path, a.authority_key, "authority key")):
+            if configured is None or _file_bytes(given) != _file_bytes(configured):
+                raise Fail(f"attestation.certify_session is on: sitsd certifies its session key with the config's "
+                           f"{what} ({configured}) at every start, and --{'approval' if what == 'approval' else 'authority-pub'} "
+                           f"{given} differs from it; put the new {what} into the config (attestation."
+                           f"{'approval' if what == 'approval' else 'authority_key'}) and deploy that config")
     if approval is not None:
         if approval.model_sha256 != model_sha:
             raise Fail(f"model artifact SHA-256 {model_sha} is not the approved {approval.model_sha256} (modified "
@@ -246,6 +259,13 @@ def _deploy(args) -> dict:
         staging.rmdir()
 
 
+def _file_bytes(path) -> bytes | None:
+    try:
+        return Path(path).read_bytes()
+    except (OSError, TypeError):
+        return None
+
+
 def _problem(exc) -> str:
     field, line, reason = exc.problems[0]
     return f"{field} (line {line}): {reason}" if field else reason
@@ -281,9 +301,16 @@ def _running_daemon(cfg) -> dict | None:
         return None
 
 
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _deploy_live(args, cfg, mode, status, approval, authority, approval_name, approval_sha, approved, nonce) -> dict:
     """A running sitsd owns the measurement PCR (its hot-swap log), so it loads and measures the checked
-    deployment itself (`deploy_verified`), and quotes its log with our nonce; we verify that quote."""
+    deployment itself (`deploy_verified`), and quotes its log with our nonce; we verify that quote, stage the
+    record and confirm (`deploy_commit`). On any failure after the load we ask it to undo the load
+    (`deploy_abort`); were we to crash instead, it undoes the load itself after CONFIRM_TIMEOUT_S."""
     from attestation.deploy import RECORD_FILE, DeployError, live_record, load_record, verify_record, write_record
 
     from .control import request
@@ -297,28 +324,79 @@ def _deploy_live(args, cfg, mode, status, approval, authority, approval_name, ap
         answer = request(cfg.control.socket, "deploy_verified", timeout_s=120.0,
                          config=str(Path(args.config).resolve()), nonce=nonce.hex(),
                          approved_events=[list(e) for e in approved], approval_name=approval_name,
-                         approval_sha256=approval_sha)
+                         approval_sha256=approval_sha, confirm_timeout_s=CONFIRM_TIMEOUT_S)
     except ControlError as exc:
-        raise Fail(f"the running sitsd refused the deployment ({exc}); it keeps running what it ran") from None
-    previous = Path(cfg.audit.directory) / RECORD_FILE
-    trusted = None
-    if previous.exists():  # the AK of the last verified deployment: the same TPM must answer now
+        if str(exc).startswith("sitsd answered:"):  # its answer says whether it restored what it had applied
+            raise Fail(f"the running sitsd refused the deployment ({_one_line(exc)})") from None
+        raise Fail(f"no answer from the running sitsd ({_one_line(exc)}); whatever it loads without our "
+                   f"confirmation it undoes within {CONFIRM_TIMEOUT_S:g} s: check `sitsctl status`") from None
+    token = answer.get("token")
+
+    def undo(reason: str) -> str:
+        """Ask the daemon to undo the load; the note for the [FAIL] line."""
+        if token is None:
+            return "the running sitsd cannot undo a load (it has no deploy_abort): check `sitsctl status`"
         try:
-            trusted = load_record(previous).get("ak_public_pem")
-        except DeployError:
-            trusted = None
+            out = request(cfg.control.socket, "deploy_abort", timeout_s=120.0, token=token, reason=reason[:300])
+        except ControlError as exc:
+            return (f"asking the running sitsd to undo the load failed ({_one_line(exc)}); it undoes it itself "
+                    f"{CONFIRM_TIMEOUT_S:g} s after loading it: check `sitsctl status`")
+        if out.get("not_restored"):
+            return (f"restoring the running configuration FAILED for {', '.join(out['not_restored'])} (rolled back: "
+                    f"{', '.join(out.get('restored') or []) or 'nothing'}): check `sitsctl status`")
+        if out.get("restored"):
+            return "the running configuration was restored"
+        return "the running configuration was restored (nothing had been applied)"
+
+    previous = Path(cfg.audit.directory) / RECORD_FILE
+    before = previous.read_bytes() if previous.exists() else None
+    staged = False
     try:
-        record = live_record(answer, nonce=nonce, approval=approval, key_handle=cfg.attestation.key_handle)
-        verify_record(record, nonce=nonce, authority=authority, ak_public_pem=trusted.encode() if trusted else None)
-    except DeployError as exc:
-        raise Fail(f"{exc.code}: {exc.reason} (the running sitsd loaded approved files; its quote does not "
-                   "verify: check the TPM)") from None
-    record["verify_on_boot"] = args.verify_on_boot
-    record["config"] = str(Path(args.config).resolve())
-    try:
-        record["staged"] = str(write_record(record, Path(cfg.audit.directory), None))
-    except OSError as exc:
-        raise Fail(f"loaded, but cannot stage the record in {cfg.audit.directory}: {exc.strerror}") from None
+        trusted = None
+        if before is not None:  # the AK of the last verified deployment: the same TPM must answer now
+            try:
+                trusted = load_record(previous).get("ak_public_pem")
+            except DeployError:
+                trusted = None
+        try:
+            record = live_record(answer, nonce=nonce, approval=approval, key_handle=cfg.attestation.key_handle)
+            verify_record(record, nonce=nonce, authority=authority,
+                          ak_public_pem=trusted.encode() if trusted else None)
+        except DeployError as exc:
+            raise Fail(f"{exc.code}: {exc.reason}") from None
+        record["verify_on_boot"] = args.verify_on_boot
+        record["config"] = str(Path(args.config).resolve())
+        try:
+            record["staged"] = str(write_record(record, Path(cfg.audit.directory), None))
+        except OSError as exc:
+            raise Fail(f"cannot stage the record in {cfg.audit.directory}: {exc.strerror}") from None
+        staged = True
+        if token is not None:  # staged first: a confirmed load always has its record
+            try:
+                request(cfg.control.socket, "deploy_commit", timeout_s=30.0, token=token)
+            except ControlError as exc:
+                raise Fail(f"the running sitsd did not take the confirmation ({_one_line(exc)})") from None
+    except BaseException as exc:  # a failed check, or a defect / Ctrl-C: nothing unverified may keep running
+        if staged:
+            _restore_file(previous, before)
+        note = undo(str(exc) if isinstance(exc, Fail) else f"sitsctl deploy failed: {exc!r}")
+        if isinstance(exc, Fail):
+            raise Fail(f"{exc}; {note}") from None
+        print(f"sitsctl deploy: {note}", file=sys.stderr)
+        raise
     print(f"loaded into the running sitsd (applied: {', '.join(record['applied']) or 'nothing, already running'})",
           file=sys.stderr)
     return record
+
+
+def _restore_file(path: Path, content: bytes | None) -> None:
+    """Put back what `path` held (None: it did not exist), by an atomic rename."""
+    try:
+        if content is None:
+            path.unlink(missing_ok=True)
+            return
+        tmp = path.with_suffix(path.suffix + ".restore")
+        tmp.write_bytes(content)
+        os.replace(tmp, path)
+    except OSError as exc:
+        print(f"sitsctl deploy: could not restore {path}: {exc}", file=sys.stderr)

@@ -194,7 +194,9 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
         # session key only in that measured state, and the simulated PLC accepts only a certified session key
         certify = _demo_approval(config_path, base, workdir, say) if hasattr(signer, "certify") and \
             base.model.kind == "mlp" else {}
-        sim_extra = ("--trust-policy-key", str(workdir / "audit" / POLICY_KEY_FILE)) if certify else ()
+        sim_extra = ("--trust-policy-key", str(workdir / "audit" / POLICY_KEY_FILE),
+                     "--approval", certify["attestation.approval"],
+                     "--authority-pub", certify["attestation.authority_key"]) if certify else ()
         key_path = workdir / ("device.pub.pem" if session else "signer.pub.pem")
         key_path.write_bytes(signer.device_public_key_pem() if session else signer.public_key_pem())
         how = {"udp": f"UADP on {udp_url}", "opcua": "OPC UA subscription",

@@ -113,8 +113,11 @@ class HotSwap:
 
     def __init__(self, loop, host: WasmHost | None, *, n_inputs: int, n_outputs: int, bounds_check=None,
                  measure=None, alerts=None, module_specs: dict | None = None, pickup_timeout_s: float = 2.0,
-                 signatures=None, on_settled=None, pins=None) -> None:
+                 signatures=None, on_settled=None, pins=None, certified: tuple | None = None) -> None:
         self.loop = loop
+        # attestation.certify_session: the identity (stage_identity) of the set the TPM certified the session key
+        # for; an update to any other set is refused (the session key would sign for what nobody approved)
+        self.certified = certified
         # () -> {"model": sha256 | None, <module name>: sha256 | None}: the running config's pins (model.sha256,
         # modules[].sha256), read at each update so a reloaded config's pins apply
         self.pins = pins
@@ -271,6 +274,13 @@ class HotSwap:
                               f"({field}); to change a pinned {what}, update the config with the new hash "
                               f"(`sitsctl update --config FILE` or `sitsctl deploy`) or remove the pin")
 
+    def _check_certified(self, what: str, path: Path, identity: tuple) -> None:
+        if self.certified is not None and identity != self.certified:
+            raise SwapRefused(f"{what} {path}: attestation.certify_session is on, and the TPM certified this start's "
+                              "session key for the approved model and modules only; an update to anything else would "
+                              "be signed by that key. Approve the new version (sitsctl policy approve), deploy it "
+                              "(sitsctl deploy) and restart sitsd, whose TPM then certifies a new session key")
+
     def update_module(self, path: Path, name: str | None = None, expected_sha256: str | None = None,
                       respect_pins: bool = True) -> dict:
         """`respect_pins` False only for `sitsctl deploy`, which checked the new config's pins before loading."""
@@ -278,6 +288,7 @@ class HotSwap:
             version = self.prepare_module(path, name, expected_sha256)
             if respect_pins:
                 self._check_pin("module", version.name, path, version.sha256)
+            self._check_certified("module", path, stage_identity(self.loop.stage_set, {version.stage: version}))
             old = getattr(self.loop.stage_set, version.stage)
             new = self._next(**{version.stage: version}, label=f"{version.name} v{version.version}")
             self._prior[version.name] = old
@@ -295,6 +306,7 @@ class HotSwap:
             runner, prepare_ms, report = self.prepare_model(path, expected_sha256)
             if respect_pins:
                 self._check_pin("model", "model", path, runner.sha256.hex())
+            self._check_certified("model", path, stage_identity(self.loop.stage_set, model_sha256=runner.sha256))
             cur = self.loop.stage_set
             self._prior["model"] = (cur.model, cur.model_sha256, cur.model_path)
             new = self._next(model=runner, model_sha256=runner.sha256, model_path=str(path),
@@ -468,7 +480,7 @@ def model_bounds_check(get_config):
     return check
 
 
-def certify_session(daemon, log) -> None:
+def certify_session(daemon, log) -> tuple:
     """attestation.certify_session: the policy-bound device key certifies the session key while the measurement
     PCR holds the model and modules just measured; the TPM refuses unless they are the approved ones, and then
     sitsd does not start. The certification is sent to the PLC only while that model and those modules run."""
@@ -478,8 +490,15 @@ def certify_session(daemon, log) -> None:
     from .errors import StartupError
 
     a, signer, st = daemon.cfg.attestation, daemon.signer, daemon.loop.stage_set
-    fix = ("  fix: approve this model and these modules (sitsctl policy approve --config FILE) and set "
-           "attestation.approval to it, or set attestation.certify_session: false (docs/deploy.md)")
+    fixes = {
+        "refused": "approve this model and these modules (sitsctl policy approve --config FILE) and set "
+                   "attestation.approval to it, or set attestation.certify_session: false (docs/deploy.md)",
+        "key": f"the key at attestation.key_handle 0x{a.key_handle:08x} belongs to another authority (or is a "
+               "tpm-direct key): re-provision it for attestation.authority_key (tpm2_evictcontrol, then sitsctl "
+               "deploy) or set key_handle to a free persistent handle",
+        "tpm": "check attestation.tcti and that the TPM is reachable and not in lockout (docs/deploy.md)"}
+    default_fix = ("check attestation.approval and attestation.authority_key: the approval must be signed by that "
+                   "authority for attestation.measurement_pcr (sitsctl policy approve)")
     if not hasattr(signer, "certify") or log.tpm is None:
         raise StartupError(f"attestation.certify_session needs the tpm-session signer on a TPM, not {signer.kind}")
     try:
@@ -493,19 +512,25 @@ def certify_session(daemon, log) -> None:
     except PolicyError as exc:
         what = ("the TPM refused to certify the session key" if exc.code == "refused"
                 else "cannot certify the session key")
-        raise StartupError(f"attestation.certify_session: {what}: {exc.reason}\n{fix}") from exc
+        raise StartupError(f"attestation.certify_session: {what}: {exc.reason}\n  fix: "
+                           f"{fixes.get(exc.code, default_fix)}") from exc
     except AttestationError as exc:
-        raise StartupError(f"attestation.certify_session: {exc}\n{fix}") from exc
-    certified = _stage_identity(st)
-    signer.certification_active = lambda: _stage_identity(daemon.loop.stage_set) == certified
+        raise StartupError(f"attestation.certify_session: {exc}\n  fix: {fixes['tpm']}") from exc
+    certified = stage_identity(st)
+    signer.certification_active = lambda: stage_identity(daemon.loop.stage_set) == certified
     (Path(daemon.cfg.audit.directory) / POLICY_KEY_FILE).write_bytes(cert.device_public_pem)
     daemon.log.info("session key certified by the TPM", device_key=f"0x{a.key_handle:08x}",
                     approved_pcr_value=cert.approved_pcr_value.hex(), created=signer.device_key_created,
                     device_key_file=str(Path(daemon.cfg.audit.directory) / POLICY_KEY_FILE))
+    return certified
 
 
-def _stage_identity(st) -> tuple:
-    return (st.model_sha256, *((m.stage, m.sha256) for m in (st.pre, st.post) if m is not None))
+def stage_identity(st, modules: dict | None = None, model_sha256: bytes | None = None) -> tuple:
+    """What the TPM certifies a session key for: the model's hash and each module's stage and hash (of `st`,
+    with `modules` {stage: version} and `model_sha256` replaced when given)."""
+    stages = {"pre": st.pre, "post": st.post, **(modules or {})}
+    return (bytes(model_sha256 if model_sha256 is not None else st.model_sha256),
+            *((m.stage, m.sha256) for m in (stages["pre"], stages["post"]) if m is not None))
 
 
 def attach(daemon) -> HotSwap:
@@ -528,8 +553,8 @@ def attach(daemon) -> HotSwap:
     for m in (st.pre, st.post):
         if m is not None:
             log.record(f"module:{m.stage}", m.name, m.sha256)
-    if cfg.attestation.certify_session:  # now, while the PCR holds exactly the approved part
-        certify_session(daemon, log)
+    # now, while the PCR holds exactly the approved part; then only that set may run (updates to others refused)
+    certified = certify_session(daemon, log) if cfg.attestation.certify_session else None
     persistence = getattr(daemon, "persistence", None)
     if daemon.config_path is not None:
         # the bytes the persisted state is compared with, hashed once at start (file_sha256 if not yet)
@@ -544,7 +569,8 @@ def attach(daemon) -> HotSwap:
                    module_specs={m.name: m for m in cfg.modules},
                    signatures=__import__("sitsd.signatures").signatures.SignaturePolicy.from_config(cfg),
                    on_settled=persistence.settled if persistence is not None else None,
-                   pins=lambda: {"model": daemon.cfg.model.sha256, **{m.name: m.sha256 for m in daemon.cfg.modules}})
+                   pins=lambda: {"model": daemon.cfg.model.sha256, **{m.name: m.sha256 for m in daemon.cfg.modules}},
+                   certified=certified)
 
 
 def control_handlers(daemon) -> dict:

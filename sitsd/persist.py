@@ -18,7 +18,8 @@ When the set equals what the config names the file is removed: the config alone 
 
 At start (`Persistence.restore`, from `Daemon._build`) the config wins whenever it changed since (another
 file, edited, `--set` overrides changed): the file is discarded with a log line. The deployment record
-wins under verify_on_boot: the set is not applied (a warning says how to make it permanent). Otherwise each
+wins under verify_on_boot, and the approval under attestation.certify_session: the set is not applied (a
+warning says how to make it permanent). Otherwise each
 persisted file is checked as an update checks it (hash, attestation.require_signatures, bound proof of a
 model, golden vectors of a module) and the whole set is loaded, or none of it: any file missing or not
 verifying logs an error and an alert naming the file and the reason, the file is moved aside to
@@ -225,6 +226,8 @@ class Persistence:
             return "the daemon was not started from a readable config file (nothing to base the state on)"
         if verify_on_boot_governs(self.daemon.cfg):
             return "verify_on_boot: the staged deployment record decides what runs at start"
+        if self.daemon.cfg.attestation.certify_session:
+            return "attestation.certify_session: only the approved model and modules run"
         return None
 
     # -- at start ---------------------------------------------------------------------------------
@@ -258,6 +261,12 @@ class Persistence:
             self._discard(f"persisted updates not applied: verify_on_boot is active, so the staged deployment "
                           f"record decides what may run; the config's versions start ({describe_entries(entries)} "
                           f"is not loaded; {PERMANENT_HOWTO})", level="warning")
+            return None
+        if cfg.attestation.certify_session:
+            self._discard(f"persisted updates not applied: attestation.certify_session is on, so the TPM certifies "
+                          f"the session key only for the approved model and modules the config names; the config's "
+                          f"versions start ({describe_entries(entries)} is not loaded; {PERMANENT_HOWTO})",
+                          level="warning")
             return None
         try:
             cfg_entries = config_entries(cfg)

@@ -126,6 +126,8 @@ def test_the_acceptance_command_as_written_uses_the_committed_approval(tmp_path)
     ("no-tpm", "TPM: cannot open TCTI"),
     ("tpm-direct", "tpm-direct"),
     ("foreign-key", "device key: the key at 0x81000001 is not bound to authority"),
+    ("certify-other-approval", "attestation.certify_session is on: sitsd certifies its session key with the "
+                               "config's approval"),
 ])
 def test_fail_paths_print_one_fail_line_and_exit_non_zero(swtpm, tmp_path, vendor, capsys, case, expected):
     from attestation.tpm.policy import approve, load_authority_private
@@ -159,6 +161,8 @@ def test_fail_paths_print_one_fail_line_and_exit_non_zero(swtpm, tmp_path, vendo
         from attestation.tpm import TpmSigner
 
         TpmSigner(swtpm.tcti).close()
+    elif case == "certify-other-approval":  # the config's (committed) approval is not the one deployed
+        extra = ["--set", "attestation.certify_session=true"]
     rc, out, _ = deploy_in_process(capsys, tmp_path, vendor, tcti, *extra)
     assert rc == 1
     assert len(out.splitlines()) == 1 and out.startswith("Verified: [FAIL] "), out

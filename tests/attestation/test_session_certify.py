@@ -15,7 +15,7 @@ from attestation.tpm.policy import PolicyError, approve, public_pem, verify_devi
 from .test_deploy import vendor  # noqa: F401 (fixture)
 from .test_session import MODEL, command, rejected
 
-APPROVED = [("model", "rolling_mill.onnx", hashlib.sha256(b"approved model").hexdigest()),
+APPROVED = [("model", "rolling_mill.onnx", MODEL.hex()),
             ("module:pre", "pre_filter", hashlib.sha256(b"pre").hexdigest())]
 TAMPERED = [("model", "rolling_mill.onnx", hashlib.sha256(b"approved model, one weight patched").hexdigest()),
             APPROVED[1]]
@@ -197,6 +197,31 @@ def test_every_changed_byte_of_a_certified_credential_is_refused_cleanly(swtpm, 
     every_changed_byte_is_refused()
 
 
+def test_a_verifier_pinned_to_an_approval_accepts_only_certifications_under_it(swtpm, authority):
+    approval = approve(authority, 23, APPROVED)
+    other_modules = approve(authority, 23, [APPROVED[0], ("module:pre", "pre_filter", hashlib.sha256(b"v2").hexdigest())])
+    signer = started(swtpm, APPROVED)
+    try:
+        cert = signer.certify(approval, authority.public_key())
+        nonce = os.urandom(32)
+        data = signer.bind(nonce).to_cbor()
+        ak, device = signer.device_public_key_pem(), cert.device_public_pem
+        pinned = SessionVerifier(ak, MODEL, trusted_device_key_pem=device, approval=approval,
+                                 authority=authority.public_key())
+        assert pinned.approved_pcr_value.hex() == approval.pcr_value
+        pinned.accept(data, nonce)
+        # the same authority approved other modules for this model once: a verifier pinned to that refuses
+        stale = SessionVerifier(ak, MODEL, trusted_device_key_pem=device, approval=other_modules,
+                                authority=authority.public_key())
+        assert rejected(stale, data, nonce).code == "approval"
+        other = ec.generate_private_key(ec.SECP256R1())
+        with pytest.raises(PolicyError):  # an approval the trusted authority did not sign
+            SessionVerifier(ak, MODEL, trusted_device_key_pem=device, approval=approve(other, 23, APPROVED),
+                            authority=authority.public_key())
+    finally:
+        signer.close()
+
+
 def test_verifier_arguments_are_checked():
     ak = public_pem(ec.generate_private_key(ec.SECP256R1()).public_key())
     with pytest.raises(ValueError, match="needs trusted_device_key_pem"):
@@ -206,6 +231,12 @@ def test_verifier_arguments_are_checked():
     ed = public_pem(ed25519.Ed25519PrivateKey.generate().public_key())
     with pytest.raises(ValueError, match="P-256"):
         SessionVerifier(ak, MODEL, trusted_device_key_pem=ed)
+    authority = ec.generate_private_key(ec.SECP256R1())
+    approval = approve(authority, 23, TAMPERED)  # approves another model than MODEL
+    with pytest.raises(ValueError, match="is for model"):
+        SessionVerifier(ak, MODEL, trusted_device_key_pem=ak, approval=approval, authority=authority.public_key())
+    with pytest.raises(ValueError, match="needs its authority"):
+        SessionVerifier(ak, MODEL, trusted_device_key_pem=ak, approval=approval)
 
 
 # --- sitsd with attestation.certify_session, against the PLC simulator that requires it ----------------------
@@ -218,14 +249,19 @@ def test_sitsd_starts_only_with_the_approved_model_and_the_plc_accepts_only_cert
     import time
 
     from sitsd.control import request
+    from sitsd.errors import ControlError
 
-    from ..conftest import DEMO_MODEL, EXAMPLE_CONFIG, REPO, sitsd_args, wait_ready
+    from pathlib import Path
+
+    from ..conftest import DEMO_MODEL, EXAMPLE_CONFIG, REPO, example_config_data, sitsd_args, wait_ready
     from .test_deploy import tampered_model
 
     audit = tmp_path / "audit"
     model_sha = hashlib.sha256(DEMO_MODEL.read_bytes()).hexdigest()
     endpoint, udp_url, sim = plcsim(audit / "device.pub.pem", model_sha256=model_sha, session=True,
-                                    extra_args=("--trust-policy-key", str(audit / "device-policy.pub.pem")))
+                                    extra_args=("--trust-policy-key", str(audit / "device-policy.pub.pem"),
+                                                "--approval", str(vendor["approval"]),
+                                                "--authority-pub", str(vendor["pub"])))
     common = dict(attestation__tcti=swtpm.tcti, plc__security="none", attestation__certify_session="true",
                   attestation__approval=vendor["approval"], attestation__authority_key=vendor["pub"],
                   audit__directory=audit, control__socket=tmp_path / "c.sock")
@@ -242,23 +278,31 @@ def test_sitsd_starts_only_with_the_approved_model_and_the_plc_accepts_only_cert
         assert "session key certified by the TPM" in text
         assert text.index("session key certified by the TPM") < text.index("session key bound to the TPM quote")
         assert '"certified": true' in text or "certified=True" in text, text[-3000:]
-        # a hot swap to another model ends the certification (a reconnect would bind uncertified); rollback restores
+        # hot swaps to anything but the certified set are refused: the certified session key would sign for them
         swapped = tmp_path / "swap" / "rolling_mill.onnx"
         swapped.parent.mkdir()
         swapped.write_bytes(tampered_model())
-        out = request(tmp_path / "c.sock", "update", timeout_s=60, model=str(swapped))
-        assert out.get("updated"), out
-        assert request(tmp_path / "c.sock", "status")["session_certified"] is False
-        out = request(tmp_path / "c.sock", "rollback", timeout_s=60, model=True)
-        assert out.get("rolled_back"), out
-        assert request(tmp_path / "c.sock", "status")["session_certified"] is True
+        with pytest.raises(ControlError, match="certify_session is on"):
+            request(tmp_path / "c.sock", "update", timeout_s=60, model=str(swapped))
+        post = next(m for m in example_config_data()["modules"] if m["stage"] == "post")
+        module = tmp_path / "swap" / Path(post["path"]).name
+        source = (REPO / "examples" / post["path"])
+        text = source.read_text().rstrip()
+        assert text.endswith(")")
+        module.write_text(text[:-1] + "\n  (func $unused_v2 (result i32) i32.const 2))\n")  # other code, same ABI
+        golden = source.with_name(source.stem + ".golden.json")
+        (module.parent / golden.name).write_bytes(golden.read_bytes())
+        with pytest.raises(ControlError, match="certify_session is on"):
+            request(tmp_path / "c.sock", "update", timeout_s=60, module=str(module), name=post["name"])
+        status = request(tmp_path / "c.sock", "status")
+        assert status["session_certified"] is True and status["model_sha256"] == model_sha
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     sim.stdin.write("stats\n")
     sim.stdin.flush()
     stats = json.loads(sim.stdout.readline())["stats"]
-    assert stats["accepted"] >= 50, stats  # (the swapped model's commands are the PLC's to refuse: it pins the model)
+    assert stats["accepted"] >= 50 and stats["rejected"] == 0, stats
 
     # a model the authority did not approve: the TPM refuses to certify, sitsd stops before the PLC
     modified = tmp_path / "rolling_mill.onnx"
