@@ -177,13 +177,15 @@ class ControlLoop:
             c.dropped_timestamp += 1
             self.alerts.append((t_loop, "timestamp", self._explain_drop(reason, frame, t_loop), frame.publisher_id,
                                 frame.sequence_number))
+            # the frame's own stamp is what the gate refused (a PLC clock jump puts it seconds off): the fail-safe
+            # is committed to the safety envelope at our receive time, so the rate limit after recovery holds
             if reason == CLOCK and self.clock_policy == "failsafe":
-                self._send(frame, row, safety.failsafe, True, deadline, "clock")
+                self._send(frame, row, safety.failsafe, True, deadline, "clock", frame.rx_timestamp_ns)
                 return
             self._consecutive_drops += 1
             if self._consecutive_drops >= self.max_consecutive_drops:
                 self._consecutive_drops = 0
-                self._send(frame, row, safety.failsafe, True, deadline, "consecutive_drops")
+                self._send(frame, row, safety.failsafe, True, deadline, "consecutive_drops", frame.rx_timestamp_ns)
             return
 
         if self.ts_gate.restarted:
@@ -269,7 +271,10 @@ class ControlLoop:
         }.get(reason, f"sequence {frame.sequence_number} from writer {frame.writer_id}")
         return f"{REASONS[reason]}: {detail}"
 
-    def _send(self, frame: Frame, row: int, values: np.ndarray, failsafe: bool, deadline: int, why: str) -> None:
+    def _send(self, frame: Frame, row: int, values: np.ndarray, failsafe: bool, deadline: int, why: str,
+              stamp_ns: int | None = None) -> None:
+        """Sign and hand over one command; `stamp_ns` is the time the safety envelope's rate limit counts this
+        command at (the frame's sender stamp unless given)."""
         c = self.counters
         self.sequence += 1
         out = tuple(values.tolist())
@@ -286,7 +291,7 @@ class ControlLoop:
             return
         p1 = time.perf_counter_ns()
         self.timings.stages[row, _T["sign"]] = (p1 - p0) * 1e-3
-        self.safety.commit(values, frame.sender_timestamp_ns)
+        self.safety.commit(values, frame.sender_timestamp_ns if stamp_ns is None else stamp_ns)
         if self.observe is not None:
             self.observe(frame.sender_timestamp_ns, frame.values, values, failsafe)
         if failsafe:

@@ -5,7 +5,9 @@
 Prints one JSON line `{"ready": true, "endpoint": ..., "udp_url": ...}` when serving, and the
 final stats as a JSON line when it stops (SIGINT, SIGTERM or --duration). With --control-stdin
 (used by the demo and the tests) it reads commands from stdin: `stats` prints a JSON stats line,
-`stop` or the end of input stops it. The trusted key is read when the first command arrives if it did not exist at
+`clock-offset-ms N` makes the PLC's clock jump: the sender stamp of every frame published from then on is
+N ms ahead (negative: behind) of the host clock, 0 restores it; it answers `{"clock_offset_ms": N}`, or
+`{"error": ...}` for a bad N. `stop` or the end of input stops it. The trusted key is read when the first command arrives if it did not exist at
 start, so the simulator can be started before sitsd writes its public key.
 """
 from __future__ import annotations
@@ -44,10 +46,13 @@ class SessionAcceptor:
     """Checks a session credential (TPM quote over the session key and this PLC's nonce) and returns the
     per-command verifier for that session."""
 
-    def __init__(self, device_key_path: Path, model_sha256: bytes | None, freshness: dict | None = None) -> None:
+    def __init__(self, device_key_path: Path, model_sha256: bytes | None, freshness: dict | None = None,
+                 policy_key_path: Path | None = None, approval=None, authority=None) -> None:
         self.device_key_path = device_key_path
         self.model_sha256 = model_sha256
         self.freshness = freshness or {}
+        self.policy_key_path = policy_key_path  # require a session key certified by this policy-bound device key
+        self.pin = {"approval": approval, "authority": authority} if approval is not None else {}
 
     def __call__(self, credential: bytes, nonce: bytes):
         from attestation.session import SessionVerifier
@@ -58,7 +63,14 @@ class SessionAcceptor:
             trusted = self.device_key_path.read_bytes()
         except OSError as exc:
             raise CommandRejected(f"no device key at {self.device_key_path}: {exc}", "key") from exc
-        verifier = SessionVerifier(trusted, self.model_sha256, **self.freshness).accept(credential, nonce)
+        options = dict(self.freshness)
+        if self.policy_key_path is not None:
+            try:
+                options["trusted_device_key_pem"] = self.policy_key_path.read_bytes()
+            except OSError as exc:
+                raise CommandRejected(f"no policy key at {self.policy_key_path}: {exc}", "key") from exc
+            options.update(self.pin)
+        verifier = SessionVerifier(trusted, self.model_sha256, **options).accept(credential, nonce)
 
         def verify(envelope: bytes):
             env = verifier.verify(envelope)
@@ -91,6 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--trust-device-key", type=Path, default=None,
                     help="tpm-session: the device's TPM attestation key (<audit dir>/device.pub.pem); commands are "
                     "accepted once a session credential quoted by it against this PLC's nonce verifies")
+    ap.add_argument("--trust-policy-key", type=Path, default=None,
+                    help="with --trust-device-key: accept only a session key certified by this PolicyAuthorize-bound "
+                    "device key (<audit dir>/device-policy.pub.pem, written by sitsd with attestation.certify_session), "
+                    "which the TPM certifies only while the measured model and modules are the approved ones")
+    ap.add_argument("--approval", type=Path, default=None,
+                    help="with --trust-policy-key: accept only a certification under this approval (sitsctl policy "
+                    "approve), which must approve --model-sha256; needs --authority-pub")
+    ap.add_argument("--authority-pub", type=Path, default=None, help="the authority public key --approval is checked with")
     ap.add_argument("--model-sha256", default=None, help="accept only commands from this model (hex)")
     ap.add_argument("--max-age-ms", type=float, default=1000.0,
                     help="refuse commands issued more than this long ago, valid for longer than this, or issued "
@@ -107,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--opcua-frames", action="store_true",
                     help="also write every frame to RollingMill.SensorFrame (for the opcua-subscription transport)")
     ap.add_argument("--control-stdin", action="store_true",
-                    help="take 'stats' and 'stop' lines on stdin; end of input stops the simulator")
+                    help="take 'stats', 'clock-offset-ms N' (shift the frames' sender stamps by N ms from "
+                    "now on, 0 restores) and 'stop' lines on stdin; end of input stops the simulator")
     ap.add_argument("--fault", default=None, metavar="KIND@SECONDS[:SIGNAL][xMAG]",
                     help="inject a fault at that time, e.g. stuck_sensor@20:entry_thickness, plc_fault@15, roll_wear@10x2 "
                     "(kinds: sensor_drift stuck_sensor clock_skew network_delay actuator_saturation roll_wear plc_fault)")
@@ -144,12 +165,28 @@ async def run(args) -> int:
     model = bytes.fromhex(args.model_sha256) if args.model_sha256 else None
     if (args.trust_key is None) == (args.trust_device_key is None):
         raise SystemExit("sitsctl plcsim: give exactly one of --trust-key and --trust-device-key")
+    if args.trust_policy_key is not None and args.trust_device_key is None:
+        raise SystemExit("sitsctl plcsim: --trust-policy-key goes with --trust-device-key (tpm-session)")
+    approval = authority = None
+    if args.approval is not None or args.authority_pub is not None:
+        if args.approval is None or args.authority_pub is None or args.trust_policy_key is None or model is None:
+            raise SystemExit("sitsctl plcsim: --approval needs --authority-pub, --trust-policy-key and --model-sha256")
+        from attestation.tpm.policy import Approval, PolicyError, load_authority_public
+
+        try:
+            approval, authority = Approval.load(args.approval), load_authority_public(args.authority_pub)
+            approval.verify(authority)
+        except PolicyError as exc:
+            raise SystemExit(f"sitsctl plcsim: --approval: {exc.reason}") from None
+        if approval.model_sha256 != model.hex():
+            raise SystemExit(f"sitsctl plcsim: --approval approves model {approval.model_sha256}, not --model-sha256")
     freshness = ({} if args.max_age_ms <= 0 else
                  {"max_age_ns": int(args.max_age_ms * 1e6), "deadline_grace_ns": int(args.deadline_grace_ms * 1e6),
                   "max_future_ns": int(args.max_age_ms * 1e6), "max_validity_ns": int(args.max_age_ms * 1e6)})
     if args.trust_device_key is not None:
         sim = RollingMillSimulator(settings, None,
-                                   session_acceptor=SessionAcceptor(args.trust_device_key, model, freshness))
+                                   session_acceptor=SessionAcceptor(args.trust_device_key, model, freshness,
+                                                                    args.trust_policy_key, approval, authority))
     else:
         sim = RollingMillSimulator(settings, LazyVerifier(args.trust_key, model, freshness))
     await sim.start()
@@ -179,6 +216,14 @@ async def run(args) -> int:
             cmd = line.strip()
             if cmd == "stats":
                 print(json.dumps({"stats": sim.stats()}), flush=True)
+            elif cmd.split(None, 1)[:1] == ["clock-offset-ms"]:  # the PLC's clock jumps (fault injection)
+                try:
+                    offset_ns = sim.set_clock_offset_ms(float(cmd[len("clock-offset-ms"):].strip()))
+                except ValueError as exc:
+                    print(json.dumps({"error": f"clock-offset-ms N: N is a number of milliseconds ({exc})"}),
+                          flush=True)
+                else:
+                    print(json.dumps({"clock_offset_ms": offset_ns / 1e6}), flush=True)
             elif cmd == "stop" or not line:
                 break
     finally:

@@ -65,7 +65,6 @@ def circuit_for_config(cfg: Config, frac_bits: int = 12, guard_bits: int = 2) ->
 def context_signals(cfg: Config) -> list[ContextSpec]:
     """The integer signals, not model inputs, that the conditions of encodable constraints read, in
     config signal order: the circuit takes them as public signals after the model inputs."""
-    by_name = {s.name: s for s in cfg.signals}
     inputs = set(cfg.model.inputs)
     wanted = set()
     for c in cfg.constraints:

@@ -116,6 +116,7 @@ class RollingMillSimulator:
         self._err_open = 0.0
         self._err_steps = 0
         self.launch_time_status = "not requested"
+        self.clock_offset_ns = 0  # set_clock_offset_ms: a jump of the PLC's clock, added to every sender stamp
         self._stop = threading.Event()
         self.server: Server | None = None
         self.endpoint = ""
@@ -280,13 +281,22 @@ class RollingMillSimulator:
         finally:
             publisher.close()
 
+    def set_clock_offset_ms(self, offset_ms: float) -> int:
+        """Make the PLC's clock jump: every frame sent from now on is stamped `offset_ms` later (earlier when
+        negative) than the host clock; 0 puts it back. Only the sender stamps move (UADP and the OPC UA
+        SensorFrame's SourceTimestamp), not the command verifier's freshness clock. Returns the offset in ns."""
+        if not np.isfinite(offset_ms):
+            raise ValueError(f"clock offset must be a finite number of ms, got {offset_ms}")
+        self.clock_offset_ns = int(round(offset_ms * 1e6))  # one int store: read by the publisher thread
+        return self.clock_offset_ns
+
     def _sender_ns(self) -> int:
-        """The frame's sender stamp: our clock, unless a fault skews the PLC clock or delays the network
-        (a frame that waited in a queue arrives with an older stamp)."""
+        """The frame's sender stamp: our clock plus any clock jump set by set_clock_offset_ms, unless a fault
+        also skews the PLC clock or delays the network (a frame that waited in a queue arrives with an older stamp)."""
         if self.fault is None:
-            return time.time_ns()
+            return time.time_ns() + self.clock_offset_ns
         offset, delay = self.fault.timing(self.steps * self.dt)
-        return time.time_ns() + offset - delay
+        return time.time_ns() + self.clock_offset_ns + offset - delay
 
     def _step(self, reading: np.ndarray) -> None:
         d = self._disturbances.next()
@@ -354,6 +364,7 @@ class RollingMillSimulator:
                 "reject_reasons": dict(self.reject_reasons),
                 "last_reject": self.last_reject,
                 "fallbacks": self.fallbacks,
+                "clock_offset_ms": self.clock_offset_ns / 1e6,  # the injected clock jump (set_clock_offset_ms)
                 "sessions_accepted": self.sessions_accepted,
                 "sessions_rejected": self.sessions_rejected,
                 "compared_steps": self._err_steps,

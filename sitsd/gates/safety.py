@@ -1,10 +1,12 @@
 """Safety envelope on the model's outputs: actuator limits and rate limits, and the fail-safe values.
 
 A model output is clamped into [min, max], then moved at most max_rate * dt from the last
-command sent (dt from the frames' sender timestamps). A non-finite output becomes the
-fail-safe value. An actuator with on_violation: failsafe turns any needed clamp into the
-fail-safe command instead (`violation` says which and why, for the loop's alert). Every
-command that leaves must have passed through here or be the fail-safe.
+command sent (dt from the frames' sender timestamps). A stamp that is not after the last
+command's (the PLC's clock jumped: a fail-safe went out for a frame stamped ahead of ours, and
+the clock is back) allows no movement for that frame, never an unlimited one. A non-finite
+output becomes the fail-safe value. An actuator with on_violation: failsafe turns any needed
+clamp into the fail-safe command instead (`violation` says which and why, for the loop's
+alert). Every command that leaves must have passed through here or be the fail-safe.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ class SafetyEnvelope:
         self.lo = np.array([a.min for a in ordered])
         self.hi = np.array([a.max for a in ordered])
         self.max_rate = np.array([a.max_rate if a.max_rate else np.inf for a in ordered])
+        self._hold_step = np.where(np.isfinite(self.max_rate), 0.0, np.inf)  # the step when no time has passed
         self.failsafe = np.array([a.failsafe for a in ordered])
         self.names = [a.output for a in ordered]
         self._strict = np.array([a.on_violation == "failsafe" for a in ordered])
@@ -37,8 +40,10 @@ class SafetyEnvelope:
         if bad.any():
             out[bad] = self.failsafe[bad]
         np.clip(out, self.lo, self.hi, out=out)
-        if self._last_ns and timestamp_ns > self._last_ns:
-            step = self.max_rate * ((timestamp_ns - self._last_ns) * 1e-9)
+        if self._last_ns:
+            dt_ns = timestamp_ns - self._last_ns
+            # dt <= 0: the stamps went back (a clock jump); holding the last command is the only safe reading
+            step = self.max_rate * (dt_ns * 1e-9) if dt_ns > 0 else self._hold_step
             np.clip(out, self.last - step, self.last + step, out=out)
         changed = bad | (out != proposed)
         if changed.any():

@@ -144,6 +144,23 @@ class TestSafetyEnvelope:
         s = self.make()
         assert s.apply(np.array([np.nan]), 1).tolist() == [0.0]
 
+    def test_a_stamp_before_the_last_command_allows_no_movement(self):
+        # the PLC's clock jumped 5 s ahead: the fail-safe went out for a frame stamped 5 s in our future;
+        # the clock is back, and the next frame's stamp is before it. No time has passed as far as the stamps
+        # tell: the command holds (it used to skip the rate limit and jump to the clamp limit at once)
+        s = self.make()
+        s.commit(np.array([0.0]), 1_000 * MS + 5_000 * MS)
+        assert s.apply(np.array([0.2]), 1_010 * MS).tolist() == [0.0]
+        assert "clamped to 0" in s.violation and s.clamped == 1
+        s.commit(np.array([0.0]), 1_010 * MS)  # from this command on, the limit runs from the right stamp
+        assert s.apply(np.array([0.2]), 1_020 * MS).tolist() == pytest.approx([0.02])
+        assert s.apply(np.array([0.1]), 1_010 * MS).tolist() == [0.0]  # the same stamp again: no time either
+
+    def test_an_actuator_without_a_rate_limit_is_not_held(self):
+        s = SafetyEnvelope([Actuator(output="gap", min=-0.2, max=0.2, failsafe=0.0)], ["gap"])
+        s.commit(np.array([0.0]), 2_000 * MS)
+        assert s.apply(np.array([0.15]), 1_000 * MS).tolist() == [0.15] and s.violation == ""
+
 
 # -- the constraint language: types, enums, masks, two-sided and conditional constraints ------------
 
