@@ -131,6 +131,29 @@ def wait_ready(proc, log: Path, timeout_s: float = 60.0) -> None:
         time.sleep(0.1)
 
 
+def wait_for(predicate, timeout_s: float, what: str, status_fn, interval_s: float = 0.1):
+    """Poll `status_fn()` until `predicate` holds on its answer (returned); fails with the last answer."""
+    import json
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = status_fn()
+        if predicate(status):
+            return status
+        assert time.monotonic() < deadline, f"{what} within {timeout_s} s; status: {json.dumps(status)[:1500]}"
+        time.sleep(interval_s)
+
+
+def sim_stats(sim) -> dict:
+    """The PLC simulator process's stats (it runs with --control-stdin)."""
+    import json
+
+    sim.stdin.write("stats\n")
+    sim.stdin.flush()
+    return json.loads(sim.stdout.readline())["stats"]
+
+
 def check_commands_across_a_plc_restart(audit_dir: Path, first: dict, second: dict) -> list[dict]:
     """The audit log of one sitsd run across a PLC restart, against the two PLC incarnations' stats: the chain
     verifies, sequence numbers strictly rise (nothing sent twice), every acknowledged command was applied by a

@@ -23,7 +23,7 @@ import urllib.request
 import pytest
 import yaml
 
-from ..conftest import REPO, example_config_data, sitsd_args, wait_ready
+from ..conftest import REPO, example_config_data, sitsd_args, wait_for, wait_ready
 
 JUMP_MS = 5000.0
 FAILSAFE = -0.14  # mm: far below where the model holds the gap (0 to +0.07 here), so a fail-safe -> model step
@@ -31,14 +31,6 @@ FAILSAFE = -0.14  # mm: far below where the model holds the gap (0 to +0.07 here
 # the last fail-safe: 50 ms, 0.1 mm at 2 mm/s)
 
 
-def _wait_for(predicate, timeout_s: float, what: str, status_fn):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        status = status_fn()
-        if predicate(status):
-            return status
-        assert time.monotonic() < deadline, f"{what} within {timeout_s} s; status: {json.dumps(status)[:1500]}"
-        time.sleep(0.1)
 
 
 def _sim(sim, line: str) -> dict:
@@ -88,7 +80,7 @@ def test_plc_clock_jumps_ahead_and_back_failsafe_alert_recovery(plcsim, tmp_path
         max_drops-th drop sends the fail-safe, which the PLC applies; nothing else goes out."""
         plc_base = _sim(sim, "stats")["stats"]
         assert _sim(sim, f"clock-offset-ms {offset_ms:g}") == {"clock_offset_ms": offset_ms}
-        s0 = _wait_for(lambda s: s["drops"].get(reason, 0) >= base["drops"].get(reason, 0) + 10 * max_drops
+        s0 = wait_for(lambda s: s["drops"].get(reason, 0) >= base["drops"].get(reason, 0) + 10 * max_drops
                        and s["alerts"].get("timestamp", 0) >= base["alerts"].get("timestamp", 0) + 10 * max_drops
                        and s["counters"]["failsafe"] >= base["counters"]["failsafe"] + 5,
                        10, f"frames dropped as {reason}, alerts and fail-safe commands", status)
@@ -112,7 +104,7 @@ def test_plc_clock_jumps_ahead_and_back_failsafe_alert_recovery(plcsim, tmp_path
         machine still makes a frame miss the deadline or the transit limit now and then, as it does without any
         fault (scheduling, not the clock): the checks leave room for that, not for the fault state."""
         assert _sim(sim, "clock-offset-ms 0") == {"clock_offset_ms": 0.0}
-        s0 = _wait_for(lambda s: model_commands(s) >= model_commands(base) + 30, 10, "model commands resumed", status)
+        s0 = wait_for(lambda s: model_commands(s) >= model_commands(base) + 30, 10, "model commands resumed", status)
         time.sleep(0.5)
         s1 = status()
         d = {k: s1["counters"][k] - s0["counters"][k] for k in s1["counters"]}
@@ -132,7 +124,7 @@ def test_plc_clock_jumps_ahead_and_back_failsafe_alert_recovery(plcsim, tmp_path
     try:
         wait_ready(proc, log)
         metrics_url = request(control, "status")["metrics_url"]
-        before = _wait_for(lambda s: s["counters"]["commands"] > 50, 10, "commands flowing", status)
+        before = wait_for(lambda s: s["counters"]["commands"] > 50, 10, "commands flowing", status)
         # a loaded machine drops a frame now and then (transit, stale): scheduling, not the clock
         assert before["counters"]["dropped_timestamp"] <= before["counters"]["frames"] // 10, before["recent_alerts"]
         plc_before = _sim(sim, "stats")["stats"]

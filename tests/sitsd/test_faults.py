@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ..conftest import EXAMPLE_CONFIG, REPO, sitsd_args, wait_ready
+from ..conftest import EXAMPLE_CONFIG, REPO, sitsd_args, wait_for, wait_ready
 
 
 @pytest.fixture
@@ -25,14 +25,6 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-def _wait_for(predicate, timeout_s: float, what: str, status_fn):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        status = status_fn()
-        if predicate(status):
-            return status
-        assert time.monotonic() < deadline, f"{what} within {timeout_s} s; status: {json.dumps(status)[:1500]}"
-        time.sleep(0.2)
 
 
 def test_disk_full_holds_commands_loses_no_acknowledged_record_and_recovers(plcsim, small_disk, tmp_path):
@@ -49,7 +41,7 @@ def test_disk_full_holds_commands_loses_no_acknowledged_record_and_recovers(plcs
     status = lambda: request(control, "status")  # noqa: E731
     try:
         wait_ready(proc, tmp_path / "sitsd.log")
-        _wait_for(lambda s: s["counters"]["commands"] > 50, 10, "commands flowing", status)
+        wait_for(lambda s: s["counters"]["commands"] > 50, 10, "commands flowing", status, interval_s=0.2)
         filler = small_disk / "filler"
         with open(filler, "wb", buffering=0) as fh:  # the disk fills up
             try:
@@ -57,15 +49,16 @@ def test_disk_full_holds_commands_loses_no_acknowledged_record_and_recovers(plcs
                     fh.write(b"\0" * 65536)
             except OSError:
                 pass
-        full = _wait_for(lambda s: s["audit_held"] > 20, 10, "commands held while the disk is full", status)
+        full = wait_for(lambda s: s["audit_held"] > 20, 10, "commands held while the disk is full", status,
+                        interval_s=0.2)
         assert full["audit_backlog"] >= 1 and full["alerts"].get("audit", 0) >= 1
         assert proc.poll() is None
         time.sleep(1.5)  # the PLC's watchdog runs out: it falls back to its safe state on its own
         held = status()
         assert held["counters"]["commands"] == full["counters"]["commands"]  # nothing left unrecorded
         filler.unlink()  # the disk has room again
-        back = _wait_for(lambda s: s["audit_backlog"] == 0 and s["counters"]["commands"] > held["counters"]["commands"]
-                         + 50, 15, "recovery after the disk has room", status)
+        back = wait_for(lambda s: s["audit_backlog"] == 0 and s["counters"]["commands"] > held["counters"]["commands"]
+                         + 50, 15, "recovery after the disk has room", status, interval_s=0.2)
         assert back["alerts"].get("audit_recovered", 0) == 1
     finally:
         proc.send_signal(signal.SIGTERM)
