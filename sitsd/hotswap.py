@@ -237,7 +237,15 @@ class HotSwap:
                          new.first_frame, reason)
         self.history.append(rec)
         if self.measure is not None:
-            self.measure(component if action == "update" else f"rollback:{component}", name, sha)
+            if component == "set":  # each component the rollback changed, so the log names what runs now
+                if new.model_sha256 != old.model_sha256:
+                    self.measure("rollback:model", Path(new.model_path).name, new.model_sha256.hex())
+                for stage in ("pre", "post"):
+                    m, before = getattr(new, stage), getattr(old, stage)
+                    if m is not None and (before is None or m.sha256 != before.sha256 or m.name != before.name):
+                        self.measure(f"rollback:module:{stage}", m.name, m.sha256)
+            else:
+                self.measure(component if action == "update" else f"rollback:{component}", name, sha)
         return rec
 
     def _next(self, **changes) -> StageSet:

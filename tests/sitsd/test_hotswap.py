@@ -101,6 +101,8 @@ def test_trap_right_after_a_swap_rolls_back_automatically(host, tmp_path):
     first = loop.stage_set
     shutil.copy(MISBEHAVE, tmp_path / "pre_filter.wat")
     shutil.copy(MISBEHAVE.with_name("misbehave.golden.json"), tmp_path / "pre_filter.golden.json")
+    measured = []
+    hs.measure = lambda kind, name, sha: measured.append((kind, name, sha))
     rec = hs.update_module(tmp_path / "pre_filter.wat")
     assert loop.stage_set is not first and hs.check_health() is None
     loop.step(frame(1))
@@ -111,6 +113,9 @@ def test_trap_right_after_a_swap_rolls_back_automatically(host, tmp_path):
     back = hs.check_health()
     assert back is not None and back["action"] == "rollback" and "trap" in back["reason"]
     assert loop.stage_set is first and loop.alerts[-1][1] == "rollback"
+    # measured per component, so a live deployment's check sees what runs again (not one `rollback:set`)
+    assert measured == [("module:pre", "pre_filter", rec["sha256"]),
+                        ("rollback:module:pre", "pre_filter", first.pre.sha256)]
     loop.step(frame(3))
     assert not verifier.verify(sent[-1].envelope).command.failsafe
     assert first.first_frame == 3 and rec["generation"] == 1
