@@ -23,6 +23,12 @@ fsynced, renamed, and only then the plain file removed, so a crash at any point 
 complete copy). Retention (audit.retention_days, audit.max_total_mb) deletes the oldest compressed
 segments, never the one being written; before it deletes one it appends a `retention` record naming
 the file and its last hash, so `verify` tells a segment removed by policy from one deleted by hand.
+
+Anchor (audit.anchor: tpm, sitsd/audit_anchor.py): the chain alone cannot show that its newest records were
+cut off (what is left is a valid prefix). With an anchor, `anchor` records carrying the value of a TPM NV
+counter are written at start, every audit.anchor_interval_s, as the first record of each new segment and at a
+clean close; each is fsynced before the counter is incremented to its value, so the log is never behind the
+TPM. A TPM counter above the newest anchor in the log means anchored records were deleted.
 """
 from __future__ import annotations
 
@@ -129,6 +135,8 @@ class AuditLog:
         self.compressed = 0  # segments compressed by this process
         self.removed: list[str] = []  # segments deleted by retention
         self.housekeeping_error: str | None = None
+        self.anchor = None  # sitsd.audit_anchor.AuditAnchor once attached (audit.anchor: tpm)
+        self._dir_synced: Path | None = None  # the segment whose directory entry is known to be on disk
         self._closed_queue: queue.SimpleQueue[Path | None] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
         for stale in self.directory.glob("commands-*.jsonl.zst.tmp"):  # a compression cut by a crash
@@ -237,6 +245,37 @@ class AuditLog:
             return
         old_fh.close()
         self._queue_closed(closed)
+        if self.anchor is not None:  # the new segment opens with an anchor: deleting the whole file shows too
+            self.anchor.on_rotation_locked()
+
+    def sync_locked(self) -> None:
+        """fsync the segment being written, and once per segment its directory entry (a record the TPM
+        counter will vouch for must survive a power loss together with the file that holds it). Caller
+        holds the lock (`write_typed_locked` for the anchor)."""
+        os.fsync(self._fh.fileno())
+        self._last_sync = time.monotonic()
+        self._dirty = False
+        if self._dir_synced != self.path:
+            _fsync_dir(self.directory)
+            self._dir_synced = self.path
+
+    def write_typed_locked(self, record: dict, sync: bool = True) -> str:
+        """A record of the log itself (anchor, anchor_gap), not a command; the caller holds `lock`.
+        With `sync` it is on disk when this returns (AuditWriteError or OSError otherwise)."""
+        if self._fh.closed:
+            raise AuditWriteError(f"audit log {self.path} is closed")
+        digest = self._write_locked(record)
+        if sync:
+            self.sync_locked()
+        return digest
+
+    @property
+    def lock(self) -> threading.Lock:
+        return self._lock
+
+    @property
+    def closed(self) -> bool:
+        return self._fh is None or self._fh.closed
 
     def _queue_closed(self, path: Path | None) -> None:
         with self._idle:
@@ -300,12 +339,17 @@ class AuditLog:
         self._stop_flusher.set()
         if self._flusher is not None and self._flusher is not threading.current_thread():
             self._flusher.join(timeout=5)
+        anchor = self.anchor
         with self._lock:
             if not self._fh.closed:
                 try:
+                    if anchor is not None:  # the last record of the run is an anchor (never raises)
+                        anchor.on_close_locked()
                     os.fsync(self._fh.fileno())
                 finally:
                     self._fh.close()
+        if anchor is not None:  # the increment after the record, outside the log's lock; stops its thread
+            anchor.close()
 
 
 class AuditWriteError(OSError):
@@ -437,3 +481,42 @@ def read_records(path: str | os.PathLike) -> list[dict]:
             if "type" not in body:
                 out.append(body)
     return out
+
+
+def anchor_summary(files: list[Path], newest_only: bool = False) -> dict:
+    """The anchor records of a log (audit.anchor: tpm): `newest` anchor {"counter", "nv_index", "t_ns", "reason",
+    "file", "line"} or None, `gaps` (anchor_gap records with their file and line), `anchors` (how many) and
+    `after_newest` (command records after the newest anchor, or all of them without one: not covered).
+    `newest_only` (the daemon's start check) reads segments from the newest back and stops at the first that
+    holds an anchor; `gaps` and `after_newest` then only cover what it read."""
+    newest, gaps, anchors, after = None, [], 0, 0
+    for f in reversed(files) if newest_only else files:
+        found = None
+        try:
+            with _open_text(f) as fh:
+                for lineno, line in enumerate(fh, 1):
+                    if not line.endswith("\n"):
+                        break  # a cut-off last line is no record
+                    if '"type":"anchor' not in line:
+                        after += '"type":' not in line  # a command record (typed records name their type)
+                        continue
+                    try:
+                        body = json.loads(line)["record"]
+                    except (ValueError, KeyError, TypeError):
+                        break
+                    if body.get("type") == "anchor":
+                        anchors += 1
+                        found = {"counter": int(body["counter"]), "nv_index": body.get("nv_index"),
+                                 "t_ns": body.get("t_ns"), "reason": body.get("reason"), "file": f.name,
+                                 "line": lineno}
+                        after = 0
+                    elif body.get("type") == "anchor_gap":
+                        gaps.append({**{k: v for k, v in body.items() if k not in ("prev", "type")},
+                                     "file": f.name, "line": lineno})
+        except (OSError, zstandard.ZstdError):
+            continue  # the chain check names a damaged segment
+        if found is not None:
+            newest = found
+            if newest_only:
+                break
+    return {"newest": newest, "gaps": gaps, "anchors": anchors, "after_newest": after}

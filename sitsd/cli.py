@@ -25,6 +25,7 @@ EPILOG = """examples:
   sitsctl rollback --module pre_filter --daemon-config rolling-mill.yaml
   sitsctl diagnose --config rolling-mill.yaml --format png --output cause.png   ranked root cause
   sitsctl audit verify /var/lib/sitsd/audit     the hash chain; exit 1 names the first bad record
+  sitsctl audit verify /var/lib/sitsd/audit --tpm   ... and the TPM anchor counter: a cut of the newest records
   sitsctl verify-proof proof.json --vk vk.json --public public.json   exit 0 only for a valid proof
   sitsctl sign --authority-key authority.key.pem pre_filter.wat rolling-mill.yaml   writes FILE.sig (offline)
   sitsctl verify-signature --authority-pub authority.pub.pem pre_filter.wat
@@ -92,6 +93,10 @@ def _cmd_status(args) -> int:
               f"{pr['offered']}  accepted {pr['accepted']}  dropped (queue full) {pr['dropped']}  proved "
               f"{pr['proved']}  failed {pr['failed']}  queue {pr['queue_depth']}/{pr['queue_max']}  in flight "
               f"{pr['in_flight']}  workers {len(pr['worker_pids'])}")
+    an = answer.get("audit_anchor")
+    if an:
+        print(f"  audit   anchor {an['nv_index']}: TPM counter {an['counter']}, newest anchor {an['last_anchor']}, "
+              f"start check {an['start_check']}, errors {an['errors']}")
     if answer["alerts"]:
         print("  alerts  " + ", ".join(f"{k} {v}" for k, v in answer["alerts"].items()))
     return 0
@@ -122,7 +127,7 @@ def _cmd_audit(args) -> int:
         if Path(target).is_dir() and first and first.get("previous_file"):
             print(f"segments up to {first['previous_file']} were removed by the retention policy (recorded in the log)")
         print(f"chain intact across {len(results)} segment(s), {sum(n for _, n in results)} records")
-        return 0
+        return _audit_anchors(args, target, files)
     for f in files:
         records = read_records(f)
         for r in records[-args.last:] if args.last else records:
@@ -130,6 +135,60 @@ def _cmd_audit(args) -> int:
             print(f"seq {r.get('seq'):>8}  frame {r.get('frame_seq'):>6}  {r.get('outcome', 'acknowledged'):<12} "
                   f"{'FAILSAFE ' if r.get('failsafe') else ''}[{values}]  sent {r.get('sent_ns')}")
     return 0
+
+
+def _audit_anchors(args, target: Path, files: list[Path]) -> int:
+    """After the chain verified: the anchor_gap records sitsd wrote when it found a deletion at a start (exit 1: the
+    log is not complete), and with --tpm the TPM counter against the newest anchor record (audit.anchor: tpm)."""
+    from .audit import anchor_summary
+    from .audit_anchor import describe_gaps
+
+    summary = anchor_summary(files)
+    gaps = describe_gaps(summary["gaps"])
+    for line in gaps:
+        print(line, file=sys.stderr)
+    newest = summary["newest"]
+    if not args.tpm:
+        if newest is not None:
+            print(f"newest anchor: counter {newest['counter']} ({newest['file']}:{newest['line']}); "
+                  "add --tpm to compare it with the TPM counter (a cut of the newest records shows only there)")
+        return 1 if gaps else 0
+    if not Path(target).is_dir():
+        print("sitsctl audit verify --tpm: give the audit directory (the newest anchor may be in any segment)",
+              file=sys.stderr)
+        return 2
+    from .audit_anchor import AnchorTpmError, TpmNvCounter, verify_against_tpm
+    from .config import CLI_OVERRIDES
+
+    tcti, nv_index = CLI_OVERRIDES.get("attestation.tcti"), args.nv_index
+    if tcti is None or nv_index is None:
+        if args.config.exists() or args.set:  # the daemon's config names the TPM and the index
+            cfg = __import__("sitsd.config").config.load_config(args.config, parse_overrides(args.set))
+            tcti = tcti or cfg.attestation.tcti
+            nv_index = nv_index if nv_index is not None else cfg.audit.anchor_nv_index
+    if nv_index is None:
+        from .audit_anchor import DEFAULT_NV_INDEX
+
+        nv_index = int(str(newest["nv_index"]), 0) if newest and newest.get("nv_index") else DEFAULT_NV_INDEX
+    if not tcti:
+        print("sitsctl audit verify --tpm: which TPM? give --tcti STRING (or SITS_TCTI), or --config with "
+              "attestation.tcti", file=sys.stderr)
+        return 2
+    counter = None
+    try:
+        counter = TpmNvCounter.own(tcti, nv_index)
+        value = counter.read()
+    except (AnchorTpmError, ValueError) as exc:
+        print(f"sitsctl audit verify --tpm: {exc} (with swtpm, stop sitsd first: it holds the only connection)",
+              file=sys.stderr)
+        return 2
+    finally:
+        if counter is not None:
+            counter.close()
+    complete, lines = verify_against_tpm(summary, value, nv_index)
+    for line in lines:
+        print(line, file=sys.stdout if complete else sys.stderr)
+    return 0 if complete and not gaps else 1
 
 
 def load_audit_dir(args) -> str:
@@ -310,12 +369,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     au = sub.add_parser("audit", help="verify the audit log's hash chain, or show its records",
                         description="verify: every record's hash and link, naming the first edited, deleted, "
-                        "reordered or truncated record (exit 1 if any file fails). show: the records, readably.")
+                        "reordered or truncated record (exit 1 if any file fails, or if the log records a deletion "
+                        "sitsd found at a start: anchor_gap); with --tpm also the TPM anchor counter. show: the "
+                        "records, readably.")
     au.add_argument("action", choices=("verify", "show"))
     au.add_argument("path", nargs="?", type=Path, help="an audit directory or file (default: audit.directory)")
     au.add_argument("--config", type=Path, default=Path("/etc/sits2026/sitsd.yaml"))
     au.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
     au.add_argument("--last", type=int, default=None, help="show: only the last N records of each file")
+    au.add_argument("--tpm", action="store_true",
+                    help="verify: also compare the TPM anchor counter (audit.anchor: tpm) with the newest anchor "
+                    "record; exit 1 if the TPM is ahead (the newest records were deleted). The TPM: --tcti or "
+                    "SITS_TCTI, else attestation.tcti of --config. With swtpm, stop sitsd first")
+    au.add_argument("--nv-index", type=lambda v: int(v, 0), default=None, metavar="INDEX",
+                    help="--tpm: the counter's NV index (default: audit.anchor_nv_index of --config, else the "
+                    "index the newest anchor record names)")
     au.set_defaults(func=_cmd_audit)
 
     rl = sub.add_parser("reload", help="re-read the running daemon's config and apply what can change live",

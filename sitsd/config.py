@@ -108,6 +108,9 @@ def _cross_checks(cfg: Config) -> list[tuple[tuple, str]]:
     for i, s in enumerate(cfg.signals):
         if not (math.isfinite(s.lower) and math.isfinite(s.upper)):
             problems.append((("signals", i), "min and max must be finite"))
+    if cfg.audit.anchor == "tpm" and cfg.attestation.mode != "tpm2":
+        problems.append((("audit", "anchor"), "anchor tpm needs attestation.mode tpm2: the anchor counter lives in "
+                         "the TPM the signer uses; set audit.anchor: off with attestation.mode software"))
     if cfg.model.kind == "streaming" and cfg.proof.policy != "off":
         problems.append((("proof", "policy"), "proofs need the MLP's circuit; there is no circuit for the streaming "
                          "transformer (attention): set proof.policy: off, or use model.kind: mlp"))

@@ -101,6 +101,7 @@ class Daemon:
         self.model: ModelRunner | None = None
         self.source: UdpFrameSource | None = None
         self.audit: AuditLog | None = None
+        self.audit_anchor = None  # sitsd.audit_anchor.AuditAnchor with audit.anchor: tpm
         # acknowledged commands whose audit record could not be written yet (disk full): kept in order,
         # written first when the disk takes records again; while any wait, no new command is sent
         self.audit_backlog: deque[dict] = deque()
@@ -225,6 +226,21 @@ class Daemon:
         # Groth16 proofs of commands off the fast path (sitsd/prover.py); chains onto the observer above
         self.prover = __import__("sitsd.prover").prover.attach_prover(self) if cfg.proof.policy != "off" else None
 
+    def _attach_audit_anchor(self):
+        """audit.anchor tpm: the TPM NV counter behind the log's anchor records, through the signer's ESAPI context
+        and lock (swtpm has no resource manager: a second connection would wait forever). A deletion found
+        at start raises alert audit_truncated and is recorded in the log (sitsd/audit_anchor.py)."""
+        from .audit_anchor import AuditAnchor, counter_for_signer
+
+        a = self.cfg.audit
+        counter = counter_for_signer(self.signer, self.cfg.attestation.tcti, a.anchor_nv_index)
+        anchor = AuditAnchor(counter, a.anchor_interval_s, on_alert=self._alert, log=self.log)  # thread-safe
+        anchor.attach(self.audit)
+        st = anchor.status()
+        self.log.info("audit anchor", nv_index=st["nv_index"], counter=st["counter"], start_check=st["start_check"],
+                      interval_s=a.anchor_interval_s)
+        return anchor
+
     def _signer_self_test(self) -> int:
         """Sign and verify a few commands; returns the signing budget used by the deadline check."""
         verifier = EnvelopeVerifier(self.signer.public_key_pem(), self.model.sha256)
@@ -268,6 +284,8 @@ class Daemon:
                 f"{Path(self.cfg.audit.directory) / PUBKEY_FILE} and the model hash in the PLC's envelope verifier"
             ) from exc
         ack = time.time_ns()
+        # the PLC holds the fail-safe from now: the first model command is rate-limited from it, not unlimited
+        loop.safety.commit(loop.safety.failsafe, now)
         c.commands += 1
         c.failsafe += 1
         self.audit.append({"seq": cmd.sequence, "frame_seq": 0, "values": values, "failsafe": True, "sent_ns": now,
@@ -622,6 +640,8 @@ class Daemon:
             # the live head of the hash chain: recorded elsewhere, it shows a cut of the newest records
             "audit_head": {"records": self.audit.records, "hash": self.audit.head} if self.audit else None,
             "audit_backlog": len(self.audit_backlog), "audit_held": self.audit_held,
+            # audit.anchor tpm: the TPM counter, the newest anchor record, failures (sitsd/audit_anchor.py)
+            "audit_anchor": self.audit_anchor.status() if self.audit_anchor is not None else None,
             # Groth16 proofs (sitsd/prover.py): counters, queue depth, worker PIDs; None when proof.policy is off
             "proofs": self.prover.status() if getattr(self, "prover", None) is not None else None,
             "metrics_url": (f"http://{self.cfg.metrics.host}:{self.metrics.port}/metrics"
@@ -653,6 +673,8 @@ class Daemon:
                 a = self.cfg.audit
                 self.audit = AuditLog(a.directory, a.fsync, segment_max_mb=a.segment_max_mb,
                                       retention_days=a.retention_days, max_total_mb=a.max_total_mb)
+                if a.anchor == "tpm":  # compares the TPM counter with the log's newest anchor; never stops the start
+                    self.audit_anchor = self._attach_audit_anchor()
                 # sequence numbers must rise across restarts, or the PLC's replay check refuses the new
                 # daemon: start above the last audited one and above the microsecond clock
                 self.loop.sequence = max(self.loop.sequence, self.audit.last_sequence, time.time_ns() // 1000)

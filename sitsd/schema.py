@@ -461,6 +461,36 @@ class AuditSection(_Section):
     retention_days: float | None = Field(default=None, gt=0, description="delete compressed segments older than this")
     max_total_mb: float | None = Field(default=None, gt=0, description="delete the oldest compressed segments "
                                        "while the directory holds more than this")
+    anchor: Literal["off", "tpm"] = Field(
+        default="off", description="tpm: anchor records tied to a TPM NV counter that only goes up, so deleting the "
+        "newest records (which leaves a valid chain prefix) shows at the next start and in `sitsctl audit verify "
+        "--tpm`; needs attestation.mode tpm2 (the daemon shares the signer's TPM connection)")
+    anchor_interval_s: float = Field(
+        default=300.0, ge=10.0, le=86400.0, description="seconds between anchors (also one at start, at each segment "
+        "rotation and at a clean stop). Each anchor is one TPM NV write, and TPM NV memory wears: 300 s is about "
+        "105,000 writes a year, 10 s about 3 million; records written after the newest anchor are not covered")
+    anchor_nv_index: int = Field(
+        default=0x01A0D170, description="the NV index of the counter, defined at first use in the owner hierarchy; "
+        "the owner range of the TCG handle registry is 0x01800000-0x01BFFFFF (below it: TPM and platform "
+        "manufacturers)")
+
+    @field_validator("anchor", mode="before")
+    @classmethod
+    def _anchor_word(cls, v):
+        if v is False:  # YAML 1.1 reads an unquoted `off` as false
+            return "off"
+        if v is True:
+            raise ValueError("write anchor: tpm (or off); YAML read a bare on/yes/true as a boolean")
+        return v
+
+    @field_validator("anchor_nv_index")
+    @classmethod
+    def _owner_nv_index(cls, v: int) -> int:
+        if not 0x01800000 <= v <= 0x01BFFFFF:
+            raise ValueError(f"0x{v:08x} is not an owner NV index: use 0x01800000-0x01BFFFFF (TCG handle registry; "
+                             "0x01000000-0x017FFFFF belong to the TPM and platform manufacturers, 0x01C00000- to "
+                             "TCG-defined indices such as the EK certificates)")
+        return v
 
 
 class ControlSection(_Section):
