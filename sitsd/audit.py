@@ -22,7 +22,9 @@ segment into one zstd frame with a content checksum (`.jsonl.zst`: written to a 
 fsynced, renamed, and only then the plain file removed, so a crash at any point leaves at least one
 complete copy). Retention (audit.retention_days, audit.max_total_mb) deletes the oldest compressed
 segments, never the one being written; before it deletes one it appends a `retention` record naming
-the file and its last hash, so `verify` tells a segment removed by policy from one deleted by hand.
+the file and its last hash, so `verify` tells a segment removed by policy from one deleted by hand. The
+record also carries the removed segment's newest anchor counter (`removed_newest_anchor`): where no anchor
+record is left (the anchor was off, or the TPM out, since), the TPM counter is compared with it.
 
 Anchor (audit.anchor: tpm, sitsd/audit_anchor.py): the chain alone cannot show that its newest records were
 cut off (what is left is a valid prefix). With an anchor, `anchor` records carrying the value of a TPM NV
@@ -52,13 +54,20 @@ _ZST = ".zst"
 
 def _open_text(path: Path):
     """A segment as text lines, compressed or not (a damaged zstd frame raises zstandard.ZstdError).
-    A plain segment that the running daemon compressed since it was listed is read from its .zst."""
-    if not path.name.endswith(_ZST) and not path.exists() and path.with_name(path.name + _ZST).exists():
-        path = path.with_name(path.name + _ZST)
-    if path.name.endswith(_ZST):
-        raw = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), read_across_frames=True, closefd=True)
-        return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="\n")
-    return open(path, encoding="utf-8", errors="replace", newline="\n")
+    A plain segment that the running daemon compressed since it was listed is read from its .zst: the plain
+    file is opened first and only its absence (FileNotFoundError) sends us to the copy, so a compression that
+    finishes between a check and the open cannot make a complete segment look missing. Once open, the plain
+    file stays readable even if it is unlinked (the .zst is complete before the plain file goes)."""
+    if not path.name.endswith(_ZST):
+        try:
+            return open(path, encoding="utf-8", errors="replace", newline="\n")
+        except FileNotFoundError:
+            compressed = path.with_name(path.name + _ZST)
+            if not compressed.exists():
+                raise
+            path = compressed
+    raw = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), read_across_frames=True, closefd=True)
+    return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="\n")
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -320,10 +329,20 @@ class AuditLog:
             if not (too_old or too_big):
                 break
             last_hash, whole, _, last_seq = _scan(f)
+            record = {"type": "retention", "removed_file": f.name.removesuffix(_ZST), "removed_last_hash": last_hash,
+                      "removed_lines": whole, "removed_last_seq": last_seq, "reason": "age" if too_old else "size"}
+            # the newest anchor in the removed segment goes on in its retention record: where the newer segments
+            # hold no anchor (the TPM was out, or audit.anchor off for a while) the next start compares the TPM
+            # counter with it, not with nothing (which would read as a deletion)
+            try:
+                removed_anchor = anchor_summary([f])["newest"]
+            except AnchorScanError as exc:  # a malformed anchor record: the chain check names the segment
+                record["removed_anchor_unreadable"] = str(exc)
+            else:
+                if removed_anchor is not None:
+                    record["removed_newest_anchor"] = removed_anchor["counter"]
             with self._lock:  # the record first: a crash before the unlink leaves a file, never a gap
-                self._write_locked({"type": "retention", "removed_file": f.name.removesuffix(_ZST),
-                                    "removed_last_hash": last_hash, "removed_lines": whole,
-                                    "removed_last_seq": last_seq, "reason": "age" if too_old else "size"})
+                self._write_locked(record)
                 os.fsync(self._fh.fileno())
             size = f.stat().st_size
             f.unlink()
@@ -340,15 +359,17 @@ class AuditLog:
         if self._flusher is not None and self._flusher is not threading.current_thread():
             self._flusher.join(timeout=5)
         anchor = self.anchor
+        if anchor is not None and not self.closed:
+            # the closing anchor while the file is open: a pending increment first, then the record and its increment
+            # (outside the log's lock); skipped when nothing was written since the newest anchor. Never raises.
+            anchor.close_anchor()
         with self._lock:
             if not self._fh.closed:
                 try:
-                    if anchor is not None:  # the last record of the run is an anchor (never raises)
-                        anchor.on_close_locked()
                     os.fsync(self._fh.fileno())
                 finally:
                     self._fh.close()
-        if anchor is not None:  # the increment after the record, outside the log's lock; stops its thread
+        if anchor is not None:  # stops its thread; an increment still pending is tried once more
             anchor.close()
 
 
@@ -483,40 +504,93 @@ def read_records(path: str | os.PathLike) -> list[dict]:
     return out
 
 
+class AnchorScanError(Exception):
+    """The anchor records of a log could not be read reliably: a segment that cannot be read (while the daemon's
+    start check looks for the newest anchor), or a malformed anchor record; the message names the file."""
+
+
+def _anchor_int(body: dict, key: str, where: str) -> int:
+    value = body.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise AnchorScanError(f"{where}: malformed {body.get('type')} record: {key} is {value!r}, not a counter value "
+                              "(the record was edited or forged; `sitsctl audit verify` checks the chain)")
+    return value
+
+
+def _segment_anchors(f: Path, strict: bool) -> dict | None:
+    """One segment's anchor records, in order: the last anchor, the anchor_init marker after it, the command
+    records after it, anchor_gap records, and the newest anchor that retention records say a removed segment
+    held. None if the segment cannot be read and not `strict`."""
+    last, init, gaps, anchors, after, removed = None, None, [], 0, 0, None
+    try:
+        with _open_text(f) as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.endswith("\n"):
+                    break  # a cut-off last line is no record
+                if '"type":"anchor' not in line and '"removed_newest_anchor"' not in line:
+                    after += '"type":' not in line  # a command record (typed records name their type)
+                    continue
+                where = f"{f.name}:{lineno}"
+                try:
+                    body = json.loads(line)["record"]
+                    kind = body.get("type")
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                    raise AnchorScanError(f"{where}: malformed anchor record ({exc}): the record was edited or "
+                                          "damaged; `sitsctl audit verify` checks the chain") from None
+                if kind == "anchor":
+                    anchors += 1
+                    last = {"counter": _anchor_int(body, "counter", where), "nv_index": body.get("nv_index"),
+                            "t_ns": body.get("t_ns"), "reason": body.get("reason"), "file": f.name, "line": lineno}
+                    after, init = 0, None
+                elif kind == "anchor_init":
+                    init = {**{k: v for k, v in body.items() if k not in ("prev", "type")}, "file": f.name,
+                            "line": lineno}
+                elif kind == "anchor_gap":
+                    gaps.append({**{k: v for k, v in body.items() if k not in ("prev", "type")},
+                                 "file": f.name, "line": lineno})
+                elif kind == "retention" and "removed_newest_anchor" in body:
+                    counter = _anchor_int(body, "removed_newest_anchor", where)
+                    if removed is None or counter >= removed["counter"]:
+                        removed = {"counter": counter, "nv_index": None, "t_ns": None, "reason": "removed_by_retention",
+                                   "file": f.name, "line": lineno, "removed_file": body.get("removed_file")}
+    except (OSError, zstandard.ZstdError) as exc:
+        if strict:
+            raise AnchorScanError(f"cannot read {f}: {exc}") from exc
+        return None  # the chain check names a damaged segment
+    return {"last": last, "init": init, "gaps": gaps, "anchors": anchors, "after": after, "removed": removed}
+
+
 def anchor_summary(files: list[Path], newest_only: bool = False) -> dict:
     """The anchor records of a log (audit.anchor: tpm): `newest` anchor {"counter", "nv_index", "t_ns", "reason",
-    "file", "line"} or None, `gaps` (anchor_gap records with their file and line), `anchors` (how many) and
+    "file", "line"} or None, `init` (the newest anchor_init marker after it: a first use, or a counter defined again,
+    not yet followed by an anchor), `gaps` (anchor_gap records with their file and line), `anchors` (how many) and
     `after_newest` (command records after the newest anchor, or all of them without one: not covered).
+    Without any anchor record left, `newest` is the newest anchor a `retention` record says a removed segment held
+    (reason "removed_by_retention"; file and line are those of the retention record).
     `newest_only` (the daemon's start check) reads segments from the newest back and stops at the first that
-    holds an anchor; `gaps` and `after_newest` then only cover what it read."""
-    newest, gaps, anchors, after = None, [], 0, 0
+    holds an anchor; `gaps` and `after_newest` then only cover what it read, and a segment that cannot be read
+    raises AnchorScanError (falling back to an older anchor would read as a deletion). A malformed anchor record
+    raises AnchorScanError in both modes."""
+    newest, init, gaps, anchors, after, removed = None, None, [], 0, 0, None
     for f in reversed(files) if newest_only else files:
-        found = None
-        try:
-            with _open_text(f) as fh:
-                for lineno, line in enumerate(fh, 1):
-                    if not line.endswith("\n"):
-                        break  # a cut-off last line is no record
-                    if '"type":"anchor' not in line:
-                        after += '"type":' not in line  # a command record (typed records name their type)
-                        continue
-                    try:
-                        body = json.loads(line)["record"]
-                    except (ValueError, KeyError, TypeError):
-                        break
-                    if body.get("type") == "anchor":
-                        anchors += 1
-                        found = {"counter": int(body["counter"]), "nv_index": body.get("nv_index"),
-                                 "t_ns": body.get("t_ns"), "reason": body.get("reason"), "file": f.name,
-                                 "line": lineno}
-                        after = 0
-                    elif body.get("type") == "anchor_gap":
-                        gaps.append({**{k: v for k, v in body.items() if k not in ("prev", "type")},
-                                     "file": f.name, "line": lineno})
-        except (OSError, zstandard.ZstdError):
-            continue  # the chain check names a damaged segment
-        if found is not None:
-            newest = found
-            if newest_only:
+        seg = _segment_anchors(f, strict=newest_only)
+        if seg is None:
+            continue
+        anchors += seg["anchors"]
+        gaps = seg["gaps"] + gaps if newest_only else gaps + seg["gaps"]  # in log order either way
+        if seg["removed"] is not None and (removed is None or seg["removed"]["counter"] >= removed["counter"]):
+            removed = seg["removed"]
+        if newest_only:  # newest segment first
+            after += seg["after"]
+            init = init or seg["init"]
+            if seg["last"] is not None:
+                newest = seg["last"]
                 break
-    return {"newest": newest, "gaps": gaps, "anchors": anchors, "after_newest": after}
+        else:
+            if seg["last"] is not None:
+                newest, init, after = seg["last"], seg["init"], seg["after"]
+            else:
+                init, after = seg["init"] or init, after + seg["after"]
+    if newest is None and removed is not None:
+        newest = removed  # removed segments are older than every remaining one: only without an anchor left
+    return {"newest": newest, "init": init, "gaps": gaps, "anchors": anchors, "after_newest": after}

@@ -111,6 +111,13 @@ def _cmd_audit(args) -> int:
         print(f"sitsctl audit: {target} does not exist (give the audit directory, audit.directory in the config, "
               "or one segment file)", file=sys.stderr)
         return 2
+    tpm = None
+    if args.action == "verify" and args.tpm:
+        # the TPM counter first, then the files: a running sitsd only adds anchors (each on disk before the counter
+        # reaches it), so a counter read before the scan is never above an anchor the scan finds, unless deleted
+        tpm = _read_anchor_counter(args, Path(target))
+        if isinstance(tpm, int):
+            return tpm
     files = audit_files(target)
     if not files:
         print(f"sitsctl audit: no audit files (commands-*.jsonl[.zst]) in {target}", file=sys.stderr)
@@ -127,7 +134,7 @@ def _cmd_audit(args) -> int:
         if Path(target).is_dir() and first and first.get("previous_file"):
             print(f"segments up to {first['previous_file']} were removed by the retention policy (recorded in the log)")
         print(f"chain intact across {len(results)} segment(s), {sum(n for _, n in results)} records")
-        return _audit_anchors(args, target, files)
+        return _audit_anchors(args, target, files, tpm)
     for f in files:
         records = read_records(f)
         for r in records[-args.last:] if args.last else records:
@@ -137,27 +144,15 @@ def _cmd_audit(args) -> int:
     return 0
 
 
-def _audit_anchors(args, target: Path, files: list[Path]) -> int:
-    """After the chain verified: the anchor_gap records sitsd wrote when it found a deletion at a start (exit 1: the
-    log is not complete), and with --tpm the TPM counter against the newest anchor record (audit.anchor: tpm)."""
-    from .audit import anchor_summary
-    from .audit_anchor import describe_gaps
-
-    summary = anchor_summary(files)
-    gaps = describe_gaps(summary["gaps"])
-    for line in gaps:
-        print(line, file=sys.stderr)
-    newest = summary["newest"]
-    if not args.tpm:
-        if newest is not None:
-            print(f"newest anchor: counter {newest['counter']} ({newest['file']}:{newest['line']}); "
-                  "add --tpm to compare it with the TPM counter (a cut of the newest records shows only there)")
-        return 1 if gaps else 0
-    if not Path(target).is_dir():
+def _read_anchor_counter(args, target: Path):
+    """`audit verify --tpm`, before the log is listed: (counter, nv_index, value), or an exit status after an error
+    was printed."""
+    if not target.is_dir():
         print("sitsctl audit verify --tpm: give the audit directory (the newest anchor may be in any segment)",
               file=sys.stderr)
         return 2
-    from .audit_anchor import AnchorTpmError, TpmNvCounter, verify_against_tpm
+    from .audit import AnchorScanError, anchor_summary, audit_files
+    from .audit_anchor import DEFAULT_NV_INDEX, AnchorTpmError, TpmNvCounter
     from .config import CLI_OVERRIDES
 
     tcti, nv_index = CLI_OVERRIDES.get("attestation.tcti"), args.nv_index
@@ -166,10 +161,12 @@ def _audit_anchors(args, target: Path, files: list[Path]) -> int:
             cfg = __import__("sitsd.config").config.load_config(args.config, parse_overrides(args.set))
             tcti = tcti or cfg.attestation.tcti
             nv_index = nv_index if nv_index is not None else cfg.audit.anchor_nv_index
-    if nv_index is None:
-        from .audit_anchor import DEFAULT_NV_INDEX
-
-        nv_index = int(str(newest["nv_index"]), 0) if newest and newest.get("nv_index") else DEFAULT_NV_INDEX
+    if nv_index is None:  # the index the log's newest anchor names (only which index: the comparison reads again)
+        try:
+            newest = anchor_summary(audit_files(target), newest_only=True)["newest"]
+            nv_index = int(str(newest["nv_index"]), 0) if newest and newest.get("nv_index") else DEFAULT_NV_INDEX
+        except (AnchorScanError, ValueError):
+            nv_index = DEFAULT_NV_INDEX
     if not tcti:
         print("sitsctl audit verify --tpm: which TPM? give --tcti STRING (or SITS_TCTI), or --config with "
               "attestation.tcti", file=sys.stderr)
@@ -184,8 +181,39 @@ def _audit_anchors(args, target: Path, files: list[Path]) -> int:
         return 2
     finally:
         if counter is not None:
-            counter.close()
-    complete, lines = verify_against_tpm(summary, value, nv_index)
+            counter.close()  # not held while the log is read: with /dev/tpmrm0 a running sitsd goes on anchoring
+    return counter, nv_index, value
+
+
+def _audit_anchors(args, target: Path, files: list[Path], tpm=None) -> int:
+    """After the chain verified: the anchor_gap records sitsd wrote when it found a deletion at a start (exit 1: the
+    log is not complete), and with --tpm the TPM counter (read before the files were listed) against the newest
+    anchor record (audit.anchor: tpm)."""
+    from .audit import AnchorScanError, anchor_summary
+    from .audit_anchor import AnchorTpmError, describe_gaps, verify_against_tpm
+
+    try:
+        summary = anchor_summary(files)
+    except AnchorScanError as exc:  # a malformed anchor record whose hash chain verified: forged, or a bug
+        print(f"{exc}", file=sys.stderr)
+        return 1
+    gaps = describe_gaps(summary["gaps"])
+    for line in gaps:
+        print(line, file=sys.stderr)
+    newest = summary["newest"]
+    if tpm is None:
+        if newest is not None:
+            print(f"newest anchor: counter {newest['counter']} ({newest['file']}:{newest['line']}); "
+                  "add --tpm to compare it with the TPM counter (a cut of the newest records shows only there)")
+        return 1 if gaps else 0
+    counter, nv_index, value = tpm
+    try:  # how far a running sitsd got while the log was read (its anchors are on disk before the counter moves)
+        after = counter.read()
+    except AnchorTpmError:
+        after = None
+    finally:
+        counter.close()
+    complete, lines = verify_against_tpm(summary, value, nv_index, after)
     for line in lines:
         print(line, file=sys.stdout if complete else sys.stderr)
     return 0 if complete and not gaps else 1

@@ -33,9 +33,10 @@ def _no_cli_tcti_left_behind():
 class Run:
     """One daemon-side start: an AuditLog with its anchor, on its own TPM connection."""
 
-    def __init__(self, directory: Path, tcti: str, interval_s: float = 3600.0, **log_kw) -> None:
+    def __init__(self, directory: Path, tcti: str, interval_s: float = 3600.0, counter: TpmNvCounter | None = None,
+                 **log_kw) -> None:
         self.alerts: list[tuple[str, str]] = []
-        self.counter = TpmNvCounter.own(tcti, NV)
+        self.counter = counter or TpmNvCounter.own(tcti, NV)
         self.log = AuditLog(directory, **log_kw)
         self.anchor = AuditAnchor(self.counter, interval_s,
                                   on_alert=lambda kind, reason: self.alerts.append((kind, reason))).attach(self.log)
@@ -55,6 +56,9 @@ class Run:
     def stop(self) -> None:
         self.log.close()
         self.counter.close()
+        # the closed segments' compression runs on a thread of this log: done before the next "start" in this
+        # process opens the directory (its start removes *.zst.tmp files as a crash's leftovers)
+        assert self.log.flush_housekeeping()
 
 
 def _tpm_value(tcti: str) -> int | None:
@@ -80,19 +84,21 @@ def _verify(capsys, directory: Path, *extra: str) -> tuple[int, str, str]:
 
 def test_anchors_are_written_and_the_counter_follows(swtpm, tmp_path, capsys):
     run = Run(tmp_path, swtpm.tcti, segment_max_mb=0.004)  # ~4 KB segments: a rotation every dozen records
-    increment, seen = run.counter.increment, []
+    advance, seen = run.counter.advance_to, []
 
-    def checked_increment():  # the order that makes a crash look like "log ahead", never like a deletion
+    def checked_advance(target):  # the order that makes a crash look like "log ahead", never like a deletion
         on_disk = anchor_summary(audit_files(tmp_path), newest_only=True)["newest"]["counter"]
-        value = increment()
+        value = advance(target)
         seen.append((on_disk, value))
         return value
 
-    run.counter.increment = checked_increment
+    run.counter.advance_to = checked_advance
     first = _records(run.log.path)
-    assert [r["type"] for r in first] == ["segment", "anchor"] and first[1]["reason"] == "start"
+    # the first-use marker is on disk before the counter is defined, the start anchor follows
+    assert [r["type"] for r in first] == ["segment", "anchor_init", "anchor"] and first[2]["reason"] == "start"
+    assert first[1]["index"] == "missing" and first[1]["previous_segments"] == 0
     st = run.anchor.status()
-    assert st["start_check"] == "first_use" and st["counter"] == first[1]["counter"] and st["errors"] == 0
+    assert st["start_check"] == "first_use" and st["counter"] == first[2]["counter"] == 2 and st["errors"] == 0
     for burst in range(6):  # at most one rotation per burst; the anchor thread catches up in between
         run.append(8, start=8 * burst)
         deadline = time.monotonic() + 5
@@ -101,6 +107,9 @@ def test_anchors_are_written_and_the_counter_follows(swtpm, tmp_path, capsys):
             time.sleep(0.01)
     assert len(audit_files(tmp_path)) >= 4
     assert run.anchor.anchor_now("interval")
+    segment = run.log.path
+    run.append(1, start=100)  # a record after the interval anchor: the close anchor covers it
+    last = "close" if run.log.path == segment else "rotation"  # (unless it filled the segment: a rotation anchor)
     run.stop()
     assert run.anchor.status()["counter"] == run.anchor.status()["last_anchor"]
     files = audit_files(tmp_path)
@@ -118,7 +127,7 @@ def test_anchors_are_written_and_the_counter_follows(swtpm, tmp_path, capsys):
     # previous anchor's increment was pending gets its anchor from the anchor thread a moment later
     assert unanchored == []
     reasons = [a["reason"] for a in anchors]
-    assert reasons[0] == "start" and reasons[-1] == "close" and "rotation" in reasons and "interval" in reasons
+    assert reasons[0] == "start" and reasons[-1] == last and "rotation" in reasons and "interval" in reasons
     counters = [a["counter"] for a in anchors]
     assert counters == list(range(counters[0], counters[0] + len(counters)))  # one increment per anchor
     assert all(a["nv_index"] == f"0x{NV:08x}" for a in anchors)
@@ -220,7 +229,9 @@ def test_a_gap_that_cannot_be_recorded_yet_is_not_covered_by_a_later_anchor(swtp
     log.close()
     counter.close()
     types = [(r.get("type"), r.get("tpm_counter") or r.get("counter")) for r in _records(log.path)]
-    assert types == [("segment", None), ("anchor_gap", tpm), ("anchor", tpm + 1), ("anchor", tpm + 2)]
+    # no close anchor: nothing was recorded after the interval anchor (it covers everything)
+    assert types == [("segment", None), ("anchor_gap", tpm), ("anchor", tpm + 1)]
+    assert _tpm_value(swtpm.tcti) == tpm + 1
 
 
 CRASH = """
@@ -256,6 +267,7 @@ def test_a_crash_between_record_and_increment_is_not_a_deletion(swtpm, tmp_path,
     body = _records(run.log.path)
     assert [r["type"] for r in body] == ["segment", "anchor"]  # no anchor_gap
     assert body[1]["counter"] == newest["counter"] + 1
+    run.append(1)
     run.stop()
     assert _tpm_value(swtpm.tcti) == newest["counter"] + 2  # start and close anchors
     assert _verify(capsys, tmp_path, "--tcti", swtpm.tcti, "--tpm")[0] == 0
@@ -267,7 +279,8 @@ def test_a_failing_tpm_is_counted_and_never_stops_records(swtpm, tmp_path, capsy
     swtpm.stop_process()  # the TPM goes away (state kept)
     assert not run.anchor.anchor_now("interval")
     st = run.anchor.status()
-    assert st["errors"] >= 1 and "TPM2_NV_Increment" in st["last_error"] and st["pending_increment"]
+    # the counter is read before a record is written: no anchor record while the TPM cannot be read
+    assert st["errors"] >= 1 and "TPM2_NV_Increment" in st["last_error"] and not st["pending_increment"]
     assert run.alerts and {k for k, _ in run.alerts} == {"audit_anchor"}
     run.append(40)  # rotations while the TPM is gone: every record is written, no exception
     assert run.log.records == before + 40
@@ -361,6 +374,424 @@ def test_anchor_config_defaults_and_a_bare_off(tmp_path):
     assert cfg.audit.anchor == "off" and cfg.audit.anchor_interval_s == 600 and cfg.audit.anchor_nv_index == 0x01800010
     path.write_text(path.read_text().replace("anchor: off", "anchor: tpm"))
     assert load_config(path).audit.anchor == "tpm"
+
+
+# -- review findings: each test fails without its fix ---------------------------------------------------------
+
+INTERRUPTED_FIRST_START = """
+import os, sys
+from sitsd.audit import AuditLog
+from sitsd.audit_anchor import AuditAnchor, TpmNvCounter
+counter = TpmNvCounter.own(sys.argv[1], int(sys.argv[3]))
+if sys.argv[4] == "before_define":  # the anchor_init record is on disk, the process dies before the TPM is touched
+    TpmNvCounter.initialise = lambda self: os._exit(0)
+AuditAnchor.anchor_now = lambda self, reason="interval": os._exit(0)  # counter initialised, no start anchor yet
+log = AuditLog(sys.argv[2])
+log.append({"seq": 1, "values": [0.0], "outcome": "acknowledged"})
+AuditAnchor(counter, 3600).attach(log)
+"""
+
+
+@pytest.mark.parametrize("where", ["after_increment", "before_define"])
+def test_an_interrupted_first_start_is_not_a_deletion(swtpm, tmp_path, capsys, where):
+    r = subprocess.run([sys.executable, "-c", INTERRUPTED_FIRST_START, swtpm.tcti, str(tmp_path), str(NV), where],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    summary = anchor_summary(audit_files(tmp_path))
+    assert summary["newest"] is None and summary["init"]["index"] == "missing"
+    assert _tpm_value(swtpm.tcti) == (1 if where == "after_increment" else None)
+    if where == "after_increment":
+        rc, out, err = _verify(capsys, tmp_path, "--tcti", swtpm.tcti, "--tpm")
+        assert rc == 0, err
+        assert "not anchored yet" in out
+    run = Run(tmp_path, swtpm.tcti)
+    assert run.alerts == []  # no audit_truncated, no anchor_gap: nothing was ever anchored
+    st = run.anchor.status()
+    assert st["start_check"] == "first_use" and st["gap"] is None and st["counter"] == 2
+    # before_define: the counter was never defined, so this start writes its own anchor_init record first
+    assert [r["type"] for r in _records(run.log.path)] == (
+        ["segment", "anchor"] if where == "after_increment" else ["segment", "anchor_init", "anchor"])
+    run.append(1)
+    run.stop()
+    assert _verify(capsys, tmp_path, "--tcti", swtpm.tcti, "--tpm")[0] == 0
+
+
+def _undefine(tcti: str) -> None:
+    import tpm2_pytss as t
+
+    e = t.ESAPI(tcti)
+    try:
+        e.nv_undefine_space(e.tr_from_tpmpublic(NV), t.ESYS_TR.OWNER)
+    finally:
+        e.close()
+
+
+def test_an_anchor_init_record_with_the_counter_moved_on_is_a_deletion(swtpm, tmp_path):
+    """The marker does not excuse a counter that went further: the start anchor (2) was cut off with the records."""
+    run = Run(tmp_path, swtpm.tcti)
+    run.append(3)
+    run.stop()
+    _cut_before_newest_anchors(run.log.path, keep_anchors=0)  # keeps the segment header and the anchor_init record
+    again = Run(tmp_path, swtpm.tcti)
+    assert [k for k, _ in again.alerts] == ["audit_truncated"] and again.anchor.status()["start_check"] == "tpm_ahead"
+    again.stop()
+
+
+class _LostReply:
+    """An ESAPI context whose next `arm` TPM2_NV_Increment(s) reach the TPM, but whose reply is lost (a TCTI I/O
+    error): exactly what makes a blind retry after reconnecting increment twice."""
+
+    armed = 0
+
+    def __init__(self, esapi) -> None:
+        self._e = esapi
+
+    def __getattr__(self, name):
+        return getattr(self._e, name)
+
+    def nv_increment(self, *args):
+        import tpm2_pytss as t
+
+        self._e.nv_increment(*args)
+        if _LostReply.armed:
+            _LostReply.armed -= 1
+            raise t.TSS2_Exception(0xA000A)  # TSS2_TCTI_RC_IO_ERROR
+
+
+def test_an_increment_whose_reply_is_lost_is_not_repeated(swtpm, tmp_path):
+    from sitsd.audit_anchor import AnchorTpmError, OwnTpm
+
+    conn = OwnTpm(swtpm.tcti)
+    counter = TpmNvCounter(lambda: _LostReply(conn.esapi()), NV, conn.lock, conn.reopen)
+    counter.connection = conn
+    _LostReply.armed = 1  # the initialising increment at first use
+    run = Run(tmp_path, swtpm.tcti, counter=counter)
+    assert _LostReply.armed == 0
+    st = run.anchor.status()
+    assert st["start_check"] == "first_use" and st["counter"] == st["last_anchor"] == 2 and st["errors"] == 0
+    for _ in range(2):  # an interval anchor's increment, then the close anchor's
+        run.append(2)
+        _LostReply.armed = 1
+        assert run.anchor.anchor_now("interval")
+        assert _LostReply.armed == 0
+        st = run.anchor.status()
+        assert st["counter"] == st["last_anchor"] and not st["pending_increment"]
+    run.append(1)
+    _LostReply.armed = 1
+    run.stop()
+    assert run.alerts == [] and run.anchor.status()["errors"] == 0  # never "something else increments it"
+    newest = anchor_summary(audit_files(tmp_path))["newest"]
+    assert newest["reason"] == "close" and _tpm_value(swtpm.tcti) == newest["counter"] == 5
+    # a bare increment is not repeated after the reconnect either: it reports that its outcome is unknown
+    raw = TpmNvCounter(lambda: _LostReply(conn.esapi()), NV, conn.lock, conn.reopen)
+    _LostReply.armed = 1
+    with pytest.raises(AnchorTpmError, match="unknown"):
+        raw.increment()
+    assert raw.read() == 6
+    conn.close()
+
+
+def test_a_counter_moved_by_someone_else_gets_a_fresh_anchor_at_once(swtpm, tmp_path):
+    run = Run(tmp_path, swtpm.tcti)
+    run.append(2)
+    before = run.anchor.status()["counter"]
+    run.counter.increment()  # someone else who can use the TPM, twice
+    run.counter.increment()
+    assert run.anchor.anchor_now("interval")
+    kinds = [k for k, _ in run.alerts]
+    assert kinds == ["audit_anchor"] and "something else increments it" in run.alerts[0][1]
+    newest = anchor_summary(audit_files(tmp_path), newest_only=True)["newest"]
+    # the log's newest anchor matches the TPM now, not at the next interval: a crash here is no false deletion
+    assert newest["counter"] == _tpm_value_via(run) == before + 3
+    run.stop()
+    again = Run(tmp_path, swtpm.tcti)
+    assert again.alerts == [] and again.anchor.status()["start_check"] == "ok"
+    again.stop()
+
+
+def _tpm_value_via(run: Run) -> int:
+    return run.counter.read()  # through the run's own connection (swtpm: one at a time)
+
+
+def test_verify_tpm_reads_the_counter_before_the_log(swtpm, tmp_path, capsys, monkeypatch):
+    """A running sitsd anchors while `verify --tpm` reads the files: the counter it reaches afterwards is above
+    the newest anchor the scan saw, which is no deletion."""
+    import sitsd.audit
+
+    run = Run(tmp_path, swtpm.tcti)
+    run.append(3)
+    run.stop()
+    real, anchored = sitsd.audit.anchor_summary, []
+
+    def scan_then_daemon_anchors(files, newest_only=False):
+        summary = real(files, newest_only)
+        if not newest_only and not anchored:  # the scan is done; the daemon starts and anchors twice
+            anchored.append(True)
+            daemon = Run(tmp_path, swtpm.tcti)
+            daemon.append(2, start=10)
+            daemon.stop()
+        return summary
+
+    monkeypatch.setattr(sitsd.audit, "anchor_summary", scan_then_daemon_anchors)
+    rc, out, err = _verify(capsys, tmp_path, "--tcti", swtpm.tcti, "--tpm")
+    assert anchored and rc == 0, err
+    assert "TRUNCATED" not in err and "while the log was read" in out, out
+
+
+def test_open_text_falls_back_to_the_compressed_copy_when_the_plain_file_goes(tmp_path, monkeypatch):
+    from sitsd.audit import _open_text, compress_segment
+
+    plain = tmp_path / "commands-000001-x.jsonl"
+    plain.write_text('{"a":1}\n')
+    compress_segment(plain)
+    # the segment existed when it was checked and was compressed (and unlinked) before the open
+    monkeypatch.setattr(Path, "exists", lambda self: True if self == plain else Path.is_file(self))
+    with _open_text(plain) as fh:
+        assert fh.read() == '{"a":1}\n'
+
+
+def test_an_unreadable_segment_fails_the_start_check_not_a_false_deletion(swtpm, tmp_path):
+    first = Run(tmp_path, swtpm.tcti)
+    first.append(2)
+    first.stop()
+    second = Run(tmp_path, swtpm.tcti)  # the newest anchors go into segment 2
+    second.append(2, start=10)
+    second.stop()
+    plain = AuditLog(tmp_path)  # segment 3: no anchor (audit.anchor off for a while); segment 2 gets compressed
+    plain.append({"seq": 20, "values": [0.0], "outcome": "acknowledged"})
+    assert plain.flush_housekeeping()
+    plain.close()
+    damaged = audit_files(tmp_path)[1]
+    assert damaged.name.endswith(".zst")
+    damaged.write_bytes(b"not a zstd frame" * 64)
+    third = Run(tmp_path, swtpm.tcti)
+    kinds = [k for k, _ in third.alerts]
+    assert kinds == ["audit_anchor"] and "cannot read" in third.alerts[0][1] and damaged.name in third.alerts[0][1]
+    st = third.anchor.status()
+    assert st["start_check"] == "pending" and st["gap"] is None and "cannot read" in st["last_error"]
+    third.append(2, start=30)  # records go on
+    third.stop()
+
+
+@pytest.mark.parametrize("forged", ["counter_not_a_number", "no_counter", "record_not_an_object"])
+def test_a_malformed_anchor_record_is_reported_never_a_crash(swtpm, tmp_path, capsys, forged):
+    run = Run(tmp_path, swtpm.tcti)
+    run.append(2)
+    run.stop()
+    log = AuditLog(tmp_path)  # a forged record with a valid chain (or, last, a line appended by hand)
+    assert log.flush_housekeeping()
+    if forged != "record_not_an_object":
+        with log.lock:
+            log.write_typed_locked({"type": "anchor", "counter": "nine"} if forged == "counter_not_a_number"
+                                   else {"type": "anchor"})
+        log.close()
+    else:
+        log.close()
+        with open(log.path, "a") as fh:
+            fh.write('{"hash":"0","record":[{"type":"anchor","counter":9}]}\n')
+    again = Run(tmp_path, swtpm.tcti)  # the attach does not raise (sitsd would exit 70)
+    st = again.anchor.status()
+    assert st["start_check"] == "pending" and st["errors"] == 1 and "malformed anchor record" in st["last_error"]
+    assert [k for k, _ in again.alerts] == ["audit_anchor"] and log.path.name in again.alerts[0][1]
+    again.append(2, start=10)
+    again.stop()
+    if forged != "record_not_an_object":  # the chain verifies: the anchor check names the record
+        rc, out, err = _verify(capsys, tmp_path, "--tcti", swtpm.tcti)
+        assert rc == 1 and "malformed anchor record" in err and log.path.name in err
+
+
+def test_the_anchor_thread_survives_an_exception(swtpm, tmp_path):
+    run = Run(tmp_path, swtpm.tcti)
+    settle, calls = run.anchor.settle, []
+
+    def broken_once(check=True):
+        calls.append(check)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+        return settle(check)
+
+    run.anchor.settle = broken_once
+    run.anchor._wake.set()  # as a rotation does
+    deadline = time.monotonic() + 10
+    while not run.anchor.status()["errors"]:
+        assert time.monotonic() < deadline, "no failure counted: the anchor thread died, or never ran"
+        time.sleep(0.01)
+    assert run.anchor._thread.is_alive()
+    assert "the anchor thread" in run.anchor.status()["last_error"] and [k for k, _ in run.alerts] == ["audit_anchor"]
+    run.append(1)
+    assert run.anchor.anchor_now("interval")
+    run.stop()
+
+
+def test_retention_keeps_the_newest_anchor_of_a_removed_segment(swtpm, tmp_path, capsys):
+    run = Run(tmp_path, swtpm.tcti)  # segment 1: the only anchors
+    run.append(3)
+    run.stop()
+    anchored = _tpm_value(swtpm.tcti)
+    log = AuditLog(tmp_path)  # segment 2, audit.anchor off
+    log.append({"seq": 10, "values": [0.0], "outcome": "acknowledged"})
+    assert log.flush_housekeeping()
+    log.close()
+    log = AuditLog(tmp_path, max_total_mb=0.000001)  # segment 3: retention removes segment 1 (the newest closed stays)
+    assert log.flush_housekeeping()
+    log.close()
+    assert [f.name.split("-")[1] for f in audit_files(tmp_path)] == ["000002", "000003"]
+    retention = [r for r in _records(log.path) if r.get("type") == "retention"]
+    assert len(retention) == 1 and retention[0]["removed_newest_anchor"] == anchored
+    verify_directory(tmp_path)
+    rc, out, err = _verify(capsys, tmp_path, "--tcti", swtpm.tcti, "--tpm")
+    assert rc == 0, err
+    assert "matches the newest anchor" in out and "removed by retention" in out
+    again = Run(tmp_path, swtpm.tcti)  # anchor on again: no anchor record left, the retention record carries it
+    assert again.alerts == [] and again.anchor.status()["start_check"] == "ok"
+    again.stop()
+
+
+@pytest.mark.parametrize("cut", ["tail", "nothing"])
+def test_an_undefined_index_is_reported_as_a_possible_deletion(swtpm, tmp_path, capsys, cut):
+    run = Run(tmp_path, swtpm.tcti)
+    run.append(3)
+    assert run.anchor.anchor_now("interval")
+    run.append(3, start=3)
+    run.stop()
+    if cut == "tail":
+        _cut_before_newest_anchors(run.log.path, keep_anchors=1)
+    kept = anchor_summary(audit_files(tmp_path))["newest"]["counter"]
+    _undefine(swtpm.tcti)  # anyone in group tss can (empty owner auth)
+    again = Run(tmp_path, swtpm.tcti)
+    assert [k for k, _ in again.alerts] == ["audit_truncated"]
+    assert "was missing" in again.alerts[0][1] and f"newest anchor is {kept}" in again.alerts[0][1]
+    st = again.anchor.status()
+    assert st["start_check"] == "index_recreated" and st["gap"]["last_anchor"] == kept
+    body = _records(again.log.path)
+    assert [r["type"] for r in body] == ["segment", "anchor_init", "anchor_gap", "anchor"]
+    assert body[2]["reason"] == "index_recreated" and body[3]["counter"] == st["counter"]
+    again.append(1)
+    again.stop()
+    rc, out, err = _verify(capsys, tmp_path, "--tcti", swtpm.tcti, "--tpm")
+    assert rc == 1 and "GAP recorded at" in err and "index undefined" in err
+
+
+def test_an_index_undefined_while_running_is_recorded_before_anchoring_goes_on(swtpm, tmp_path):
+    import tpm2_pytss as t
+
+    run = Run(tmp_path, swtpm.tcti)
+    run.append(2)
+    kept = run.anchor.status()["last_anchor"]
+    # through the run's own connection (swtpm: one at a time)
+    run.counter._run("undefine", lambda e: e.nv_undefine_space(e.tr_from_tpmpublic(NV), t.ESYS_TR.OWNER))
+    assert not run.anchor.anchor_now("interval")  # the index is gone: counted, and the start check is due again
+    assert run.anchor.status()["start_check"] == "pending" and "vanished" in run.anchor.status()["last_error"]
+    assert run.anchor.anchor_now("interval")
+    st = run.anchor.status()
+    assert st["start_check"] == "index_recreated" and st["gap"]["last_anchor"] == kept
+    assert [k for k, _ in run.alerts] == ["audit_anchor", "audit_truncated"]
+    types = [r.get("type") for r in _records(run.log.path)]
+    assert types[-3:] == ["anchor_init", "anchor_gap", "anchor"]
+    run.append(1)
+    run.stop()
+    again = Run(tmp_path, swtpm.tcti)
+    assert again.alerts == [] and again.anchor.status()["start_check"] == "ok"
+    again.stop()
+
+
+@pytest.mark.parametrize("before", ["wiped_and_undefined", "unanchored_segments"])
+def test_first_use_on_a_used_tpm_or_an_existing_log_is_flagged(swtpm, tmp_path, before):
+    if before == "wiped_and_undefined":
+        run = Run(tmp_path, swtpm.tcti)
+        run.append(3)
+        run.stop()
+        for f in audit_files(tmp_path):
+            f.unlink()
+        _undefine(swtpm.tcti)
+    else:
+        log = AuditLog(tmp_path)  # audit.anchor was off so far
+        log.append({"seq": 1, "values": [0.0], "outcome": "acknowledged"})
+        log.close()
+    run = Run(tmp_path, swtpm.tcti)
+    st = run.anchor.status()
+    assert st["start_check"] == "first_use"
+    assert [k for k, _ in run.alerts] == ["audit_anchor"]
+    text = run.alerts[0][1]
+    if before == "wiped_and_undefined":
+        first = st["counter"] - 1  # the value the new counter started at (the start anchor is one above)
+        assert f"starts at {first}: a counter on this TPM had counted to {first - 1}" in text and first > 1
+    else:
+        assert f"{tmp_path} already held 1 segment(s)" in text and st["counter"] == 2
+    run.stop()
+
+
+def test_no_anchor_when_nothing_was_recorded_since_the_last(swtpm, tmp_path):
+    run = Run(tmp_path, swtpm.tcti)
+    start = run.anchor.status()["counter"]
+    assert run.anchor.anchor_now("interval")  # nothing since the start anchor: no NV write
+    assert run.anchor.anchor_now("interval")
+    st = run.anchor.status()
+    assert st["counter"] == st["last_anchor"] == start and st["skipped"] == 2 and st["anchors"] == 1
+    run.append(1)
+    assert run.anchor.anchor_now("interval")
+    assert run.anchor.status()["counter"] == start + 1
+    run.stop()  # nothing since the interval anchor: no close anchor
+    assert _tpm_value(swtpm.tcti) == start + 1
+    assert [r["reason"] for r in _records(run.log.path) if r.get("type") == "anchor"] == ["start", "interval"]
+    again = Run(tmp_path, swtpm.tcti)
+    assert again.alerts == [] and again.anchor.status()["start_check"] == "ok"
+    again.stop()
+
+
+def test_the_close_anchor_waits_for_a_pending_increment(swtpm, tmp_path):
+    run = Run(tmp_path, swtpm.tcti)
+    run.append(2)
+    with run.log.lock:  # an interval anchor whose increment is still pending when the daemon stops
+        assert run.anchor._record_locked("interval")
+    assert run.anchor.status()["pending_increment"]
+    run.append(2, start=2)  # records after it that only a close anchor covers
+    run.stop()
+    newest = anchor_summary(audit_files(tmp_path))["newest"]
+    assert newest["reason"] == "close" and newest["counter"] == _tpm_value(swtpm.tcti)
+    assert anchor_summary(audit_files(tmp_path))["after_newest"] == 0
+
+
+@pytest.mark.parametrize("variant", ["no_NO_DA", "OWNERWRITE", "auth_policy"])
+def test_a_counter_sitsd_did_not_define_is_not_used(swtpm, tmp_path, variant):
+    import tpm2_pytss as t
+
+    e = t.ESAPI(swtpm.tcti)
+    a = t.TPMA_NV
+    attrs = a.AUTHWRITE | a.AUTHREAD | a.OWNERREAD | (t.TPM2_NT.COUNTER << a.TPM2_NT_SHIFT)
+    if variant != "no_NO_DA":
+        attrs |= a.NO_DA
+    if variant == "OWNERWRITE":
+        attrs |= a.OWNERWRITE
+    policy = t.TPM2B_DIGEST(b"\x01" * 32) if variant == "auth_policy" else t.TPM2B_DIGEST()
+    public = t.TPM2B_NV_PUBLIC(nvPublic=t.TPMS_NV_PUBLIC(nvIndex=NV, nameAlg=t.TPM2_ALG.SHA256, attributes=attrs,
+                                                         authPolicy=policy, dataSize=8))
+    e.tr_close(e.nv_define_space(None, public, t.ESYS_TR.OWNER))
+    e.close()
+    run = Run(tmp_path, swtpm.tcti)
+    st = run.anchor.status()
+    assert st["start_check"] == "pending" and st["errors"] == 1 and "sitsd did not define" in st["last_error"]
+    assert {"no_NO_DA": "lacks NO_DA", "OWNERWRITE": "has OWNERWRITE",
+            "auth_policy": "authPolicy"}[variant] in st["last_error"]
+    run.append(2)
+    run.stop()
+    assert anchor_summary(audit_files(tmp_path))["anchors"] == 0
+    assert _tpm_value_raw(swtpm.tcti) is None  # never incremented by sitsd
+
+
+def _tpm_value_raw(tcti: str) -> int | None:
+    """The counter without sitsd's checks (None: never incremented)."""
+    import tpm2_pytss as t
+
+    e = t.ESAPI(tcti)
+    try:
+        nv = e.tr_from_tpmpublic(NV)
+        try:
+            return int.from_bytes(bytes(e.nv_read(nv, 8, 0, nv)), "big")
+        except t.TSS2_Exception:
+            return None
+    finally:
+        e.close()
 
 
 def test_sitsd_anchors_its_log_and_reports_a_cut_at_the_next_start(plcsim, swtpm, tmp_path, capsys):
