@@ -50,7 +50,7 @@ def _cmd_demo(args) -> int:
     result = run_demo(seconds=args.seconds, config_path=args.config, force_software=args.software,
                       seed=args.seed, rate_hz=args.rate, transport=args.transport, security=args.security,
                       field_encoding=args.field_encoding, profile=args.profile, signing=args.signing,
-                      proof_every=args.proofs, compiled=not args.onnx)
+                      proof_every=args.proofs, compiled=not args.onnx, certify_session=args.certify_session)
     print(human_summary(result))
     if args.json:
         print(json.dumps(result))
@@ -374,6 +374,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="OPC UA message security between sitsd and the simulator (default sign-and-encrypt)")
     demo.add_argument("--signing", choices=("tpm-session", "tpm-direct"), default="tpm-session",
                       help="with swtpm: a session key bound by one TPM quote (default), or TPM2_Sign per command")
+    demo.add_argument("--certify-session", action="store_true",
+                      help="with swtpm and tpm-session: a throwaway authority approves the demo's model and modules, "
+                           "the TPM certifies the session key only in that measured state and the simulated PLC "
+                           "accepts only a certified key (attestation.certify_session; hot swaps are then refused)")
     demo.add_argument("--field-encoding", choices=("variant", "raw"), default="variant",
                       help="UADP field encoding of the sensor frames (default variant)")
     demo.add_argument("--profile", choices=("simulator", "s7-1500", "controllogix", "melsec-iq-r"),

@@ -126,7 +126,7 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
              rate_hz: float = 100.0, overrides: dict | None = None, transport: str = "udp",
              security: str = "sign-and-encrypt", field_encoding: str = "variant",
              profile: str = "simulator", signing: str = "tpm-session", proof_every: int = 0,
-             compiled: bool = True) -> dict:
+             compiled: bool = True, certify_session: bool = False) -> dict:
     """Run the closed loop for `seconds` (or until `frames` frames) and return the summary dict.
 
     transport: "udp" (UADP over UDP multicast, read by the loop thread) or "opcua" (an OPC UA
@@ -190,10 +190,13 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
                 say("proofs: off (skipped: there is no circuit for the streaming transformer's attention)")
                 proof_every = 0
         session = hasattr(signer, "bind")
-        # tpm-session on an MLP: a throwaway authority approves this model and these modules, the TPM certifies the
-        # session key only in that measured state, and the simulated PLC accepts only a certified session key
-        certify = _demo_approval(config_path, base, workdir, say) if hasattr(signer, "certify") and \
-            base.model.kind == "mlp" else {}
+        # certify_session (tpm-session on an MLP): a throwaway authority approves this model and these modules, the
+        # TPM certifies the session key only in that measured state, and the simulated PLC accepts only a certified
+        # session key. Off by default: under it hot swaps are refused, and the demo is where one tries them
+        certify = _demo_approval(config_path, base, workdir, say) if certify_session and hasattr(signer, "certify") \
+            and base.model.kind == "mlp" else {}
+        if certify_session and not certify:
+            say("certify-session: skipped (needs swtpm, --signing tpm-session and an MLP model)")
         sim_extra = ("--trust-policy-key", str(workdir / "audit" / POLICY_KEY_FILE),
                      "--approval", certify["attestation.approval"],
                      "--authority-pub", certify["attestation.authority_key"]) if certify else ()

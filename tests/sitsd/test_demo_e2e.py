@@ -5,7 +5,7 @@ from sitsd.demo import run_demo
 
 
 def test_closed_loop_with_tpm_signing_beats_open_loop():
-    r = run_demo(seconds=5, progress=None)
+    r = run_demo(seconds=5, progress=None, certify_session=True)
     assert r["signer"] == "tpm" and r["signing_mode"] == "tpm-session"  # quote-bound session key
     assert r["session_certified"] is True  # and certified by the policy-bound device key (the PLC requires it)
     assert r["frames"] > 100 and r["commands"] > 100
@@ -74,6 +74,7 @@ def test_simulator_emulates_vendor_events_that_sitsd_structures(profile, prefix)
 def test_tpm_direct_signing_per_command():
     r = run_demo(seconds=2, progress=None, security="none", signing="tpm-direct")
     assert r["signer"] == "tpm" and r["signing_mode"] == "tpm"
+    assert r["session_certified"] is None  # no session key, and the demo certifies only with certify_session
     assert r["commands"] > 50 and r["rejected_by_plc"] == 0
 
 
