@@ -225,6 +225,9 @@ def _deploy(args) -> dict:
             record = _measure_tpm(cfg, events, approval, authority, approval_sha, approval_path, nonce, log_path,
                                   measure)
         elif mode == "software":
+            print("WARNING: --attestation-mode software: the measurements are replayed in software, no TPM quotes "
+                  "or signs them; anyone with write access to audit.directory could forge this record. Development "
+                  "only: use tpm2 on a device", file=sys.stderr)
             record = measure_software(pcr=a.measurement_pcr, events=events, approval_sha256=approval_sha,
                                       approval_name=approval_path.name, nonce=nonce, log_path=log_path,
                                       approval=approval)

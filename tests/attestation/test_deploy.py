@@ -231,7 +231,9 @@ def test_software_and_none_modes(tmp_path, vendor, capsys):
             "--set", f"control.socket={tmp_path / 'c.sock'}"]
     sha = hashlib.sha256(DEMO_MODEL.read_bytes()).hexdigest()
     assert main([*base, "--attestation-mode", "software"]) == 0
-    assert capsys.readouterr().out == f"Verified: [OK] DeviceID=software | ModelSHA256={sha} | PolicySig=valid\n"
+    out, err = capsys.readouterr()
+    assert out == f"Verified: [OK] DeviceID=software | ModelSHA256={sha} | PolicySig=valid\n"
+    assert "WARNING: --attestation-mode software" in err and "Development only" in err
     assert staged(tmp_path)["mode"] == "software"
     before = (tmp_path / "audit" / "deployment.json").read_bytes()
     assert main([*base, "--attestation-mode", "none"]) == 0

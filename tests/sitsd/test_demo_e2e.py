@@ -127,3 +127,18 @@ def test_every_proof_the_demo_makes_verifies_with_snarkjs():
     assert proofs["made"] >= 2 and proofs["failed"] == 0, proofs
     assert proofs["verified"] == proofs["made"] and proofs["snarkjs_verified"] == proofs["made"], proofs
     assert r["rejected_by_plc"] == 0 and r["commands"] > 100
+
+
+def test_no_secret_reaches_the_logs(capfd):
+    """Everything sitsd and the demo print while TPM keys, OPC UA certificates and keys (sign-and-encrypt) and the
+    session key are in use: no private key material, no PEM other than public keys and certificates."""
+    import re
+
+    r = run_demo(seconds=2, progress=None)
+    assert r["signer"] == "tpm" and r["security"] == "sign-and-encrypt" and r["commands"] > 20
+    out, err = capfd.readouterr()
+    text = out + err
+    assert "sitsd stopped" in text  # the daemon's own log was captured, not nothing
+    assert "PRIVATE KEY" not in text and "private_bytes" not in text
+    pems = set(re.findall(r"-----BEGIN ([A-Z ]+)-----", text))
+    assert pems <= {"PUBLIC KEY", "CERTIFICATE"}, pems
