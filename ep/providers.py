@@ -5,7 +5,10 @@
 
     "auto"   the first of PREFERENCE present: TensorRT, CUDA (and the other accelerators ORT ships),
              CPU last. An accelerator EP takes the nodes it supports; ORT runs the rest on the CPU EP.
-    "cpu"    the CPU EP only (the daemon's choice on a control box: deterministic, no device copies).
+    "cpu"    the CPU EP only: the daemon's default on a control box (deterministic, no device copies).
+             sitsd takes the policy from the config's `model.provider` ("cpu" by default, or "auto") and
+             passes it to `ModelRunner`, whose own default is "cpu" too; the streaming model always runs
+             on the CPU EP (`PoolConfig.policy`: its KV buffers are host memory, bound in place).
     a name   that EP (e.g. "CUDAExecutionProvider"); an error naming what is available when absent.
 
 With the device API (ORT >= 1.22: `get_ep_devices`, `SessionOptions.add_provider_for_devices`), the

@@ -182,12 +182,15 @@ class ModelRunner:
     For a file, `sha256` is the SHA-256 of its bytes. For an artifact, every hash is verified first
     (`ep.artifact.load_artifact`, `ArtifactError` naming the file or chunk at fault), `sha256` is the
     artifact SHA-256 defined by the manifest, and `manifest` holds it. FP8 artifacts are folded to
-    FP32 at load (see the module doc). The session is an `ep.Session` (`self.ep`): provider by
-    `policy`, one intra-op thread by default, a self-test and a warm-up before the first frame.
+    FP32 at load (see the module doc). The session is an `ep.Session` (`self.ep`: `choice`,
+    `placement`, `notes`): provider by `policy`, one intra-op thread by default, a self-test and a
+    warm-up before the first frame. `policy` defaults to "cpu", the daemon's choice on a control box
+    (`model.provider` in the config; `ep.providers`): every caller that does not pass one (hot swap,
+    persisted models, replay) gets the CPU EP, never an accelerator by surprise.
     """
 
     def __init__(self, path: str | Path, n_inputs: int, n_outputs: int, threads: int = 1,
-                 expected_sha256: str | None = None, policy: str = "auto") -> None:
+                 expected_sha256: str | None = None, policy: str = "cpu") -> None:
         self.path = Path(path)
         self.ep = Session(self.path, policy=policy, threads=threads, expected_sha256=expected_sha256)
         self.sha256, self.manifest, self.session = self.ep.sha256, self.ep.manifest, self.ep.session

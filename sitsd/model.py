@@ -92,8 +92,8 @@ def model_event(cfg: Config) -> tuple[str, str]:
 def build_model(cfg: Config):
     """The runner the loop calls (`input`, `run()`, `output`, `sha256`, `path`); ModelLoadError says why not."""
     m = cfg.model
-    if m.kind == "mlp":
-        return ModelRunner(m.artifact, len(m.inputs), len(m.outputs))
+    if m.kind == "mlp":  # model.provider: "cpu" (default) or "auto" (ep.providers)
+        return ModelRunner(m.artifact, len(m.inputs), len(m.outputs), policy=m.provider)
     from ep.errors import EpError
     from ep.streaming import PoolConfig, StreamingRunner
 
@@ -124,6 +124,26 @@ def build_model(cfg: Config):
                              f"stream anew") from exc
     _check_head(cfg, runner)
     return runner
+
+
+def runtime_report(runner) -> dict | None:
+    """Where the runner's model runs, from its `ep.Session` (`runner.ep`), for the startup log and
+    `sitsctl status`: the policy and the provider it chose (how, on which devices, what the build has),
+    ORT's provider list for the session, the placement (nodes per provider, and the nodes left on the CPU EP
+    when an accelerator was chosen), and the session's notes (provider, FP8 folding or int8-blocks
+    lowering, node counts). None for a runner without an `ep.Session`."""
+    s = getattr(runner, "ep", None)
+    choice = getattr(s, "choice", None)
+    if choice is None:
+        return None
+    placement = dict(getattr(s, "placement", None) or {})
+    from ep.providers import CPU
+
+    return {"policy": choice.policy, "provider": choice.provider, "via": choice.via, "devices": list(choice.devices),
+            "available": list(choice.available), "providers": list(s.providers),
+            "placement": {p: len(nodes) for p, nodes in placement.items()},
+            "cpu_fallback_nodes": list(placement.get(CPU, [])) if choice.provider != CPU else [],
+            "notes": list(s.notes)}
 
 
 def _check_head(cfg: Config, runner) -> None:

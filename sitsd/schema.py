@@ -178,6 +178,10 @@ class ModelSection(_Section):
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     inputs: list[str] = Field(min_length=1)
     outputs: list[str] = Field(min_length=1)
+    provider: Literal["cpu", "auto"] = Field(
+        default="cpu", description="execution provider policy (ep.providers): cpu, the CPU EP only "
+        "(deterministic, no device copies); auto, the best accelerator this onnxruntime build has (TensorRT, "
+        "CUDA, ...), the CPU EP for the nodes it cannot take. kind streaming runs on the CPU EP only")
     streaming: StreamingSection | None = None
 
     @model_validator(mode="after")
@@ -186,6 +190,10 @@ class ModelSection(_Section):
             raise ValueError("model.artifact is required (the .onnx file or the `sitsctl compile` artifact)")
         if self.kind == "mlp" and self.streaming is not None:
             raise ValueError("model.streaming only applies to kind: streaming")
+        if self.kind == "streaming" and self.provider != "cpu":
+            raise ValueError(f"model.provider: {self.provider} only applies to kind: mlp; the streaming model "
+                             f"runs on the CPU EP (its KV cache is host memory, appended in place); drop "
+                             f"model.provider or set it to cpu")
         if self.kind == "streaming" and self.artifact is not None and self.streaming is not None:
             fixed = sorted(self.streaming.model_fields_set - {"state_directory", "checkpoint_every"})
             if fixed:  # one place decides the KV settings: the artifact's manifest
