@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -286,6 +287,8 @@ class TpmSessionSigner:
             raise TpmError(f"PCR {pcr} is {start.hex()[:16]}…, not zero: its earlier measurements are unknown; "
                            "reset it (reset_pcr=True) or use a PCR nothing else extends")
         self._measurements: list[bytes] = []
+        self._last_reopen = 0.0
+        self.reconnects = 0
         self.certification: Certification | None = None
         self.certification_active: Callable[[], bool] | None = None
         self._key = ec.generate_private_key(ec.SECP256R1())
@@ -364,6 +367,41 @@ class TpmSessionSigner:
             measurements = tuple(self._measurements)
         return SessionCredential(self._session_public_pem, self._ak_public_pem, q, q.pcrs[self.pcr], measurements,
                                  nonce, self.pcr, cert)
+
+    def probe(self) -> None:
+        """TPM2_ReadPublic of the AK: TpmError when the TPM does not answer. After a failure the connection is
+        reopened (rate-limited), so measurements, quotes and anchors work again once the TPM is back; commands
+        never need the TPM (the session key signs them)."""
+        with self._lock:
+            esapi = self._open_esapi()
+            try:
+                esapi.read_public(self._ak)
+            except Exception as exc:  # TSS2_Exception, a dead socket
+                self._reopen_locked()
+                raise TpmError(f"TPM at {self.tcti!r} does not answer: {exc}") from exc
+
+    def _reopen_locked(self, min_interval_s: float = 1.0) -> bool:
+        now = time.monotonic()
+        if now - self._last_reopen < min_interval_s:
+            return False
+        self._last_reopen = now
+        t = _tss()
+        try:
+            esapi = t.ESAPI(self.tcti)
+        except Exception:  # TCTI load or connect failure: still gone
+            return False
+        try:
+            ak = esapi.tr_from_tpmpublic(self.ak_handle)
+        except Exception:
+            esapi.close()
+            return False
+        old, self._esapi, self._ak = self._esapi, esapi, ak
+        try:
+            old.close()
+        except Exception:  # the old context's connection is already dead
+            pass
+        self.reconnects += 1
+        return True
 
     def sign_command(self, cmd: Command) -> bytes:
         key = self._key

@@ -38,7 +38,7 @@ from .gates.ptp import query_pmc
 from .hotswap import attach, control_handlers, load_config_modules
 from .rca.service import attach_rca
 from .log import get_logger
-from .model import build_model
+from .model import build_model, runtime_report
 from .notify import Notifier
 from .pipeline import ControlLoop, Counters, Outgoing
 from .plc_link import PlcLink
@@ -53,6 +53,7 @@ RECONNECT_FIRST_S = 0.2  # PLC reconnect: wait before the first attempt, doublin
 RECONNECT_MAX_S = 2.0
 FRAME_STALL_MAX_BACKOFF_S = 60.0  # opcua-subscription: a stall that outlives a rebuild is retried at most this rarely
 PUBKEY_FILE = "signer.pub.pem"
+TPM_PROBE_S = 2.0  # tpm-session: how often the TPM is asked whether it still answers
 DEVICE_KEY_FILE = "device.pub.pem"  # tpm-session: the attestation key the PLC trusts
 
 
@@ -127,6 +128,7 @@ class Daemon:
         self.hotswap = None  # sitsd.hotswap.HotSwap once the loop is built
         self.measurements = None  # attestation.measurement.MeasurementLog
         self.persistence = None  # sitsd.persist.Persistence: hot swaps that survive a restart
+        self.tpm_state = {"reachable": True, "outages": 0, "errors": 0, "last_error": None}  # tpm-session probe
 
     # -- startup ------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -147,6 +149,7 @@ class Daemon:
             self.model = restored.model if restored is not None and restored.model is not None else build_model(cfg)
         except ModelLoadError as exc:
             raise StartupError(str(exc)) from exc
+        self.log.info("model runtime", **(runtime_report(self.model) or {"provider": None}))
         if cfg.model.kind == "streaming":
             self.log.info("streaming model", **self.model.recovered, state_dir=str(self.model.pool.directory),
                           window=cfg.model.stream.window, proofs="off (no circuit for attention)",
@@ -566,6 +569,30 @@ class Daemon:
                 if self.audit_backlog:
                     self._drain_audit_backlog()
 
+    async def _watch_tpm(self, interval_s: float = TPM_PROBE_S) -> None:
+        """tpm-session: commands never need the TPM, so its loss would go unseen until the next measurement, anchor or
+        PLC re-bind. Probe it; one `tpm` alert per outage, and a log line when it answers again."""
+        probe = getattr(self.signer, "probe", None)
+        if probe is None:
+            return
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await asyncio.wait_for(asyncio.to_thread(probe), timeout=interval_s + 3.0)
+            except Exception as exc:  # TpmError, or no answer in time
+                self.tpm_state["errors"] += 1
+                self.tpm_state["last_error"] = str(exc) or type(exc).__name__
+                if self.tpm_state["reachable"]:
+                    self.tpm_state["reachable"], self.tpm_state["outages"] = False, self.tpm_state["outages"] + 1
+                    self._alert("tpm", f"TPM unreachable ({self.tpm_state['last_error']}): commands are still signed "
+                                "with the session key; hot-swap measurements, audit anchors and a session re-bind "
+                                "after a PLC reconnect fail until it answers")
+                continue
+            if not self.tpm_state["reachable"]:
+                self.tpm_state["reachable"] = True
+                self.log.info("TPM answers again", outages=self.tpm_state["outages"],
+                              reconnects=getattr(self.signer, "reconnects", 0))
+
     async def _watch_ptp(self) -> None:
         """Poll linuxptp; with policy drop/failsafe an unlocked clock closes the timestamp gate."""
         ptp = self.cfg.timing.ptp
@@ -603,6 +630,8 @@ class Daemon:
             "model": ((self.loop.stage_set.model_path if self.loop else str(self.cfg.model.artifact))
                       if self.cfg.model.kind == "mlp" else "streaming"),
             "stream": self.model.describe() if getattr(self.model, "kind", "mlp") == "streaming" else None,
+            # where the running model runs (ep.Session): provider and policy, placement, notes
+            "model_runtime": runtime_report(self.loop.stage_set.model if self.loop else self.model),
             "model_sha256": self.loop.stage_set.model_sha256.hex() if self.loop else None,
             "stages": self.loop.stage_set.describe() if self.loop else None,
             # stages_source: config / persisted / hot swap (not persisted); persistence: what a restart loads
@@ -636,6 +665,7 @@ class Daemon:
             "plc_link": self._link_status(),
             # attestation.certify_session: certified at start, and still describing what runs (no swap away)
             "session_certified": self._session_certified(),
+            "tpm": dict(self.tpm_state) if hasattr(self.signer, "probe") else None,
             "audit_file": str(self.audit.path) if self.audit else None,
             # the live head of the hash chain: recorded elsewhere, it shows a cut of the newest records
             "audit_head": {"records": self.audit.records, "hash": self.audit.head} if self.audit else None,
@@ -708,6 +738,7 @@ class Daemon:
             tasks = [asyncio.create_task(self._writer(), name="writer"),
                      asyncio.create_task(self._housekeeping(), name="housekeeping"),
                      asyncio.create_task(self._watch_ptp(), name="ptp"),
+                     asyncio.create_task(self._watch_tpm(), name="tpm"),
                      asyncio.create_task(self._supervise_link(), name="plc-link")]
             discarded = self.source.discard_pending()  # frames that arrived during startup are stale
             self.loop.start()

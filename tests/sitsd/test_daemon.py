@@ -261,3 +261,45 @@ def test_tpm_lost_mid_run_then_back(plcsim, tmp_path):
     sim.stdin.flush()
     stats = json.loads(sim.stdout.readline())["stats"]
     assert stats["fallbacks"] >= 1 and stats["rejected"] == 0  # the PLC went to its safe setpoint meanwhile
+
+
+def test_tpm_lost_in_tpm_session_mode_is_alerted_once_and_commands_go_on(plcsim, tmp_path):
+    """tpm-session signs without the TPM, so losing it must not stop commands; a probe sees it (one `tpm` alert
+    per outage) and the connection is reopened when it is back."""
+    import signal
+
+    from attestation.tpm import Swtpm
+    from sitsd.control import request
+
+    from ..conftest import sim_stats, wait_for
+
+    tpm = Swtpm(tmp_path / "tpm").start()
+    audit, control = tmp_path / "audit", tmp_path / "c.sock"
+    model_sha = hashlib.sha256(DEMO_MODEL.read_bytes()).hexdigest()
+    endpoint, udp_url, sim = plcsim(audit / "device.pub.pem", model_sha256=model_sha, session=True)
+    proc = subprocess.Popen(sitsd_args(EXAMPLE_CONFIG, plc__endpoint=endpoint, transport__url=udp_url,
+                                       attestation__tcti=tpm.tcti, plc__security="none", audit__directory=audit,
+                                       control__socket=control), stderr=open(tmp_path / "log", "wb"), cwd=REPO)
+    try:
+        wait_ready(proc, tmp_path / "log")
+        status = lambda: request(control, "status")  # noqa: E731
+        before = wait_for(lambda s: s["counters"]["commands"] > 30, 15, "commands flowing", status)
+        assert before["tpm"] == {"reachable": True, "outages": 0, "errors": 0, "last_error": None}
+        tpm.stop()  # the TPM goes away
+        gone = wait_for(lambda s: not s["tpm"]["reachable"] and s["alerts"].get("tpm"), 15,
+                        "the probe to see the TPM gone", status)
+        assert gone["alerts"].get("tpm") == 1 and gone["tpm"]["outages"] == 1
+        later = wait_for(lambda s: s["tpm"]["errors"] >= gone["tpm"]["errors"] + 2 and s["counters"]["commands"]
+                         > gone["counters"]["commands"] + 100, 20, "commands while the TPM is gone", status)
+        assert later["alerts"].get("tpm") == 1  # one alert per outage, not one per probe
+        assert later["counters"]["sign_errors"] == 0 and proc.poll() is None
+        tpm = Swtpm(tmp_path / "tpm").start()  # ... and comes back
+        back = wait_for(lambda s: s["tpm"]["reachable"], 20, "the TPM reachable again", status)
+        assert back["tpm"]["outages"] == 1 and back["alerts"].get("tpm") == 1
+        assert "TPM answers again" in (tmp_path / "log").read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+        tpm.stop()
+    stats = sim_stats(sim)
+    assert stats["rejected"] == 0 and stats["accepted"] > 100
