@@ -82,7 +82,16 @@ def _cmd_status(args) -> int:
               + ("the persisted updates" if per.get("restart_loads") == "persisted" else "the config's versions")
               + (f" ({per['inactive_reason']})" if per.get("inactive_reason") else "")
               + (f"; last persistence error: {per['last_error']}" if per.get("last_error") else ""))
-    print(f"  signer  {answer['signer']} (key id {answer['key_id']})")
+    rt = answer.get("model_runtime") or {}
+    if rt:
+        print(f"  runtime {rt.get('provider')} (policy {rt.get('policy')})"
+              + "".join(f"; {n}" for n in (rt.get("notes") or [])[:2]))
+    tpm, certified = answer.get("tpm"), answer.get("session_certified")
+    print(f"  signer  {answer['signer']} (key id {answer['key_id']})"
+          + ("" if certified is None else "; session key certified by the TPM" if certified
+             else "; session key NOT certified")
+          + ("" if not tpm else "; TPM answers" if tpm["reachable"]
+             else f"; TPM NOT ANSWERING ({tpm['last_error']})"))
     print(f"  PLC     {answer['plc']}")
     print(f"  frames {c['frames']}  commands {c['commands']}  dropped {c['dropped']}  fail-safe {c['failsafe']}  "
           f"deadline missed {c['deadline_missed']}  expired {c['expired']}  write errors {c['write_errors']}")

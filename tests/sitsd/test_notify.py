@@ -83,6 +83,8 @@ def test_sitsd_process_notifies_serves_status_and_stops_cleanly(manager, plcsim,
         human = subprocess.run([sys.executable, "-m", "sitsd.cli", "status", "--socket", str(control)],
                                capture_output=True, text=True, timeout=30, cwd=REPO)
         assert "running" in human.stdout and "latency p50" in human.stdout
+        assert "  runtime CPUExecutionProvider (policy cpu)" in human.stdout, human.stdout
+        assert "certified" not in human.stdout and "TPM" not in human.stdout  # software signer: neither applies
 
         _drain(sock, lambda m: False, 0.2)  # like systemd, read what is queued (the kernel keeps ~10 datagrams)
         daemon.send_signal(signal.SIGTERM)
