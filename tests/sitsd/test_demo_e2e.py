@@ -138,7 +138,7 @@ def test_no_secret_reaches_the_logs(capfd):
     assert r["signer"] == "tpm" and r["security"] == "sign-and-encrypt" and r["commands"] > 20
     out, err = capfd.readouterr()
     text = out + err
-    assert "sitsd stopped" in text  # the daemon's own log was captured, not nothing
+    assert text.count("\n") > 5 and "frame" in text  # the daemon's own log lines were captured, not nothing
     assert "PRIVATE KEY" not in text and "private_bytes" not in text
     pems = set(re.findall(r"-----BEGIN ([A-Z ]+)-----", text))
     assert pems <= {"PUBLIC KEY", "CERTIFICATE"}, pems
