@@ -129,16 +129,24 @@ def test_every_proof_the_demo_makes_verifies_with_snarkjs():
     assert r["rejected_by_plc"] == 0 and r["commands"] > 100
 
 
-def test_no_secret_reaches_the_logs(capfd):
-    """Everything sitsd and the demo print while TPM keys, OPC UA certificates and keys (sign-and-encrypt) and the
-    session key are in use: no private key material, no PEM other than public keys and certificates."""
+def test_no_secret_reaches_the_logs():
+    """Everything `sitsctl demo` prints (in its own process, whatever tests ran before) while TPM keys, OPC UA
+    certificates and keys (sign-and-encrypt) and the session key are in use: no private key material, no PEM
+    other than public keys and certificates."""
+    import json
     import re
+    import subprocess
+    import sys
 
-    r = run_demo(seconds=2, progress=None)
-    assert r["signer"] == "tpm" and r["security"] == "sign-and-encrypt" and r["commands"] > 20
-    out, err = capfd.readouterr()
-    text = out + err
-    assert text.count("\n") > 5 and "frame" in text  # the daemon's own log lines were captured, not nothing
+    from ..conftest import REPO
+
+    r = subprocess.run([sys.executable, "-m", "sitsd.cli", "demo", "--seconds", "2", "--proofs", "0", "--json"],
+                       capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["signer"] == "tpm" and summary["security"] == "sign-and-encrypt" and summary["commands"] > 20
+    text = r.stdout + r.stderr
+    assert text.count("\n") > 5 and "commands written" in text  # the demo's progress and summary are in it
     assert "PRIVATE KEY" not in text and "private_bytes" not in text
     pems = set(re.findall(r"-----BEGIN ([A-Z ]+)-----", text))
     assert pems <= {"PUBLIC KEY", "CERTIFICATE"}, pems
