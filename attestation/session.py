@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -381,26 +380,12 @@ class TpmSessionSigner:
                 raise TpmError(f"TPM at {self.tcti!r} does not answer: {exc}") from exc
 
     def _reopen_locked(self, min_interval_s: float = 1.0) -> bool:
-        now = time.monotonic()
-        if now - self._last_reopen < min_interval_s:
+        from .tpm.signer import reopen
+
+        fresh = reopen(self, self.ak_handle, min_interval_s)
+        if fresh is None:
             return False
-        self._last_reopen = now
-        t = _tss()
-        try:
-            esapi = t.ESAPI(self.tcti)
-        except Exception:  # TCTI load or connect failure: still gone
-            return False
-        try:
-            ak = esapi.tr_from_tpmpublic(self.ak_handle)
-        except Exception:
-            esapi.close()
-            return False
-        old, self._esapi, self._ak = self._esapi, esapi, ak
-        try:
-            old.close()
-        except Exception:  # the old context's connection is already dead
-            pass
-        self.reconnects += 1
+        self._esapi, self._ak = fresh
         return True
 
     def sign_command(self, cmd: Command) -> bytes:

@@ -29,6 +29,32 @@ def _tss():
     return tpm2_pytss
 
 
+
+def reopen(owner, handle: int, min_interval_s: float) -> tuple | None:
+    """After a TPM I/O failure: a fresh ESAPI context on `owner.tcti` and the ESYS_TR of the persistent `handle`,
+    at most once per `min_interval_s` (`owner._last_reopen`). The old context (`owner._esapi`) is closed and
+    `owner.reconnects` counted; None while the TPM is still gone. The caller holds its lock and stores the pair."""
+    now = time.monotonic()
+    if now - owner._last_reopen < min_interval_s:
+        return None
+    owner._last_reopen = now
+    t = _tss()
+    try:
+        esapi = t.ESAPI(owner.tcti)
+    except Exception:  # TCTI load or connect failure: still gone
+        return None
+    try:
+        obj = esapi.tr_from_tpmpublic(handle)
+    except Exception:
+        esapi.close()
+        return None
+    try:
+        owner._esapi.close()
+    except Exception:  # the old context's connection is already dead
+        pass
+    owner.reconnects += 1
+    return esapi, obj
+
 class TpmSigner:
     kind = "tpm"
     algorithm = ALG_ECDSA_P256_SHA256
@@ -114,26 +140,10 @@ class TpmSigner:
 
     def _reopen(self, min_interval_s: float = 0.2) -> bool:
         """A fresh ESAPI context and key handle after an I/O failure (caller holds the lock)."""
-        now = time.monotonic()
-        if now - self._last_reopen < min_interval_s:
+        fresh = reopen(self, self.key_handle, min_interval_s)
+        if fresh is None:
             return False
-        self._last_reopen = now
-        t = _tss()
-        try:
-            esapi = t.ESAPI(self.tcti)
-        except Exception:  # TCTI load or connect failure: still gone
-            return False
-        try:
-            key = esapi.tr_from_tpmpublic(self.key_handle)
-        except Exception:
-            esapi.close()
-            return False
-        old, self._esapi, self._key = self._esapi, esapi, key
-        try:
-            old.close()
-        except Exception:  # the old context's connection is already dead
-            pass
-        self.reconnects += 1
+        self._esapi, self._key = fresh
         return True
 
     def close(self) -> None:
