@@ -1,13 +1,27 @@
-"""Hot swap under a 1 kHz loop: latency away from vs near swaps, preparation time, frames lost.
+"""Hot swap under a 1 kHz loop: latency away from vs near swaps, preparation time, frames lost, late frames.
 
-    python bench/hotswap.py [--swaps 100] [--rate 1000] [--realtime-priority N] [--json]
+    python bench/hotswap.py [--swaps 100] [--rate 1000] [--model-every 4] [--proof worker|in-process]
+                            [--realtime-priority N] [--json]
 
 The real loop (gates, pre module, ORT model, post module, safety envelope, Ed25519 signing) runs on its
 own thread at `--rate` frames per second, fed frames directly (no network), while a swapper thread
-replaces the pre or the post module (alternating two versions of each, from the .cwasm cache after the
-first load) every ~40-60 ms. Loop latency = one frame's step() from gate to signed command, in µs.
-"Near" a swap = frames that start during its preparation or within 5 ms of the reference swap.
-frames_lost = frames without a model command (a fail-safe or no command at all counts as lost).
+swaps every ~40-60 ms: every `--model-every`-th swap the model (alternating the demo model and a copy
+with one more doc_string: other bytes, other SHA-256, same weights), with its bound proof as the daemon
+runs it (in the proof worker process; `--proof in-process` runs it next to the loop, as before that
+existed), the others the pre or the post module (alternating two versions of each, from the .cwasm
+cache after the first load).
+Frame i is due at start + i * period (its scheduled tick) and carries that time as its sender
+timestamp (rx stamp 50 µs later, as a NIC stamps a packet on arrival however late the loop thread
+wakes). Latency = from the scheduled tick to the signed command, in µs: a late wake-up, a wait for
+the GIL after the sleep, and a frame queued behind a late one all count. A thread that falls behind
+runs the frames that came due meanwhile back to back, as it would drain a socket.
+frames_lost = frames without a model command: a fail-safe, or a frame the timestamp gate dropped as
+stale (older than --max-age-ms, 5 by default, when the loop reached it), as the daemon would.
+late_frames = frames whose command was done more than one period after their scheduled tick (still
+sent, and inside the 8 ms deadline unless also lost, but not within the loop's own period); counted
+apart from frames_lost, which is about commands the PLC never gets.
+"Near" a swap = frames due during its preparation or within 5 ms of it; model and module swaps are
+also reported apart (`model_swaps`, `module_swaps`).
 The loop thread runs SCHED_FIFO as root (as `runtime.realtime_priority` runs the daemon's loop); with
 `--realtime-priority 0` it competes with everything else on the box, and on a busy 2-core machine the
 p99s are then dominated by the scheduler, near swaps or not.
@@ -39,7 +53,7 @@ from ep.session import ModelRunner  # noqa: E402
 from plc.frame import Frame, RxStampSource  # noqa: E402
 from sitsd.config import load_config  # noqa: E402
 from sitsd.gates import ConstraintGate, SafetyEnvelope, TimestampGate  # noqa: E402
-from sitsd.hotswap import HotSwap  # noqa: E402
+from sitsd.hotswap import HotSwap, freeze_heap, model_bounds_check  # noqa: E402
 from sitsd.pipeline import ControlLoop, Counters  # noqa: E402
 from sitsd.stats import TimingRing  # noqa: E402
 from sitsd.wasm import WasmHost  # noqa: E402
@@ -64,7 +78,7 @@ def versions(workdir: Path, stem: str) -> list[Path]:
     return out
 
 
-def build_loop(host: WasmHost):
+def build_loop(host: WasmHost, max_age_ns: int):
     cfg = load_config(CONFIG)
     names = cfg.signal_names
     sent: deque = deque()
@@ -72,104 +86,163 @@ def build_loop(host: WasmHost):
     pre = host.load("pre_filter", "pre", MODULES / "pre_filter.wat", 6, 6)
     post = host.load("post_command", "post", MODULES / "post_command.wat", 1, 1)
     loop = ControlLoop(
-        source=None, timestamp_gate=TimestampGate(5_000_000, 1_000_000),
+        source=None, timestamp_gate=TimestampGate(5_000_000, 1_000_000, max_age_ns=max_age_ns),
         constraint_gate=ConstraintGate(cfg.signals, cfg.constraints), model=model,
         input_index=[names.index(n) for n in cfg.model.inputs],
         safety=SafetyEnvelope(cfg.safety.actuators, cfg.model.outputs), signer=SoftwareSigner(), submit=sent.append,
         target=cfg.plc.command_node, deadline_ns=8_000_000, sign_budget_ns=100_000, max_consecutive_drops=5,
         timings=TimingRing(4096), counters=Counters(), alerts=deque(maxlen=4096), pre=pre, post=post)
-    return loop, sent
+    return loop, sent, cfg
+
+
+def model_variant(src: Path, dst: Path) -> Path:
+    """The model with one more ModelProto.doc_string (field 6) appended: loadable, same weights, other bytes."""
+    dst.write_bytes(src.read_bytes() + b"\x32\x07variant")
+    return dst
 
 
 def call_overhead(host: WasmHost, n: int = 20000) -> dict:
     inst = host.load("post_command", "post", MODULES / "post_command.wat", 1, 1).instance
     out = {}
     for name, fn in (("fast_path", inst.process), ("func_call", inst.call_public)):
-        t = np.empty(n)
+        t = np.full(n, np.nan)
         for i in range(n):
             t0 = time.perf_counter_ns()
-            fn()
+            try:
+                fn()
+            except Exception:  # a call preempted past the module's wall-clock deadline traps: not timed
+                continue
             t[i] = (time.perf_counter_ns() - t0) / 1e3
-        out[name] = {"p50": float(np.median(t)), "p99": float(np.percentile(t, 99))}
+        out[name] = {"p50": float(np.nanmedian(t)), "p99": float(np.nanpercentile(t, 99))}
     return out
 
 
-def run(swaps: int, rate_hz: float, realtime_priority: int | None = None) -> tuple[dict, dict]:
+def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_every: int = 4,
+        proof: str = "worker", max_age_ms: float = 5.0) -> tuple[dict, dict]:
     workdir = Path(tempfile.mkdtemp(prefix="sits-hotswap-"))
     host = WasmHost(workdir / "cache")
     try:
-        loop, sent = build_loop(host)
-        hs = HotSwap(loop, host, n_inputs=6, n_outputs=1)
+        loop, sent, cfg = build_loop(host, int(max_age_ms * 1e6))
+        bounds = model_bounds_check(lambda: cfg, isolate=proof == "worker")
+        hs = HotSwap(loop, host, n_inputs=6, n_outputs=1, bounds_check=bounds)
         paths = {"pre": versions(workdir, "pre_filter"), "post": versions(workdir, "post_command")}
+        models = [Path(cfg.model.artifact), model_variant(Path(cfg.model.artifact), workdir / "rolling_mill_b.onnx")]
         for p in paths["pre"] + paths["post"]:  # compile both versions once: swaps deserialize verified .cwasm
             stem = p.stem
             host.load(stem, "pre" if stem == "pre_filter" else "post", p, 6 if stem == "pre_filter" else 1,
                       6 if stem == "pre_filter" else 1)
+        # no pre-warm: as in the daemon, the first model swap starts the proof worker (its warm-up shows in that
+        # swap's prepare_ms, its spawn next to the running loop)
         overhead = call_overhead(host)
+        freeze_heap()  # as sitsd.hotswap.attach does at the daemon's start, before its loop runs
         period_ns = int(1e9 / rate_hz)
-        starts, lat, gens = [], [], []
-        windows: list[tuple[int, int]] = []
-        prepare_ms: list[float] = []
-        work_ms: list[float] = []  # the same without the waits for frame boundaries
+        due, starts, done, step_us, gens = [], [], [], [], []
+        windows: list[tuple[int, int, str]] = []  # (from, to, "model" or "module")
+        prepare_ms: dict[str, list[float]] = {"model": [], "module": []}
+        work_ms: list[float] = []  # module preparation without the waits for frame boundaries
         stop = threading.Event()
+        wall_offset = time.time_ns() - time.perf_counter_ns()
 
         def loop_thread():
             if realtime_priority:  # as runtime.realtime_priority does for the daemon's loop thread
                 os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(realtime_priority))
-            seq, next_ns = 0, time.perf_counter_ns()
+            seq, t_first = 0, time.perf_counter_ns() + period_ns
             while not stop.is_set():
-                seq += 1
-                now = time.time_ns()
-                f = Frame(7, 1, seq & 0xFFFF or 1, now - 100_000, now - 50_000, RxStampSource.SOFTWARE, NOMINAL)
-                t0 = time.perf_counter_ns()
-                loop.step(f)
-                starts.append(t0)
-                lat.append((time.perf_counter_ns() - t0) / 1e3)
-                gens.append(loop.last_generation)
-                loop.frame_boundary()  # as the daemon's loop thread does before waiting for its next frame
-                next_ns += period_ns
-                delay = next_ns - time.perf_counter_ns()
+                sched = t_first + seq * period_ns  # this frame's tick: the PLC sent it then
+                delay = sched - time.perf_counter_ns()
                 if delay > 0:
                     time.sleep(delay / 1e9)
+                seq += 1
+                sender = sched + wall_offset
+                f = Frame(7, 1, seq & 0xFFFF or 1, sender, sender + 50_000, RxStampSource.SOFTWARE, NOMINAL)
+                t0 = time.perf_counter_ns()
+                loop.step(f)
+                t1 = time.perf_counter_ns()
+                due.append(sched)
+                starts.append(t0)
+                done.append(t1)
+                step_us.append((t1 - t0) / 1e3)
+                gens.append(loop.last_generation)
+                loop.frame_boundary()  # as the daemon's loop thread does before waiting for its next frame
 
         def swapper():
             rng = random.Random(1)
             time.sleep(0.2)
+            n_module = 0
             for i in range(swaps):
-                stage = "pre" if i % 2 == 0 else "post"
                 t0 = time.perf_counter_ns()
-                rec = hs.update_module(paths[stage][(i // 2 + 1) % 2])
+                if model_every and i % model_every == model_every - 1:
+                    rec = hs.update_model(models[(len(prepare_ms["model"]) + 1) % 2])
+                    kind = "model"
+                else:
+                    stage = "pre" if n_module % 2 == 0 else "post"
+                    rec = hs.update_module(paths[stage][(n_module // 2 + 1) % 2])
+                    work_ms.append(rec["module"]["work_ms"])
+                    n_module += 1
+                    kind = "module"
                 t1 = time.perf_counter_ns()
-                prepare_ms.append(rec["prepare_ms"])
-                work_ms.append(rec["module"]["work_ms"])
-                windows.append((t0 - NEAR_NS, t1 + NEAR_NS))
+                prepare_ms[kind].append(rec["prepare_ms"])
+                windows.append((t0 - NEAR_NS, t1 + NEAR_NS, kind))
                 time.sleep(rng.uniform(0.04, 0.06))
             time.sleep(0.2)
 
         t = threading.Thread(target=loop_thread, name="bench-loop")
         t.start()
-        swapper()
-        stop.set()
-        t.join()
-        starts_a, lat_a = np.array(starts), np.array(lat)
-        near = np.zeros(len(starts_a), dtype=bool)
-        for lo, hi in windows:
-            near |= (starts_a >= lo) & (starts_a <= hi)
-        model_commands = sum(1 for o in sent if not o.failsafe)
+        try:
+            swapper()
+        finally:
+            stop.set()
+            t.join()
+        n = len(gens)
+        due_a = np.array(due)
+        lat = (np.array(done) - due_a) / 1e3  # from the scheduled tick to the signed command
+        wake = (np.array(starts) - due_a) / 1e3  # how late the loop started the frame (the stall a swap causes)
+        step_a = np.array(step_us)
+        near = {k: np.zeros(n, dtype=bool) for k in ("model", "module")}
+        for lo, hi, kind in windows:
+            near[kind] |= (due_a >= lo) & (due_a <= hi)
+        any_near = near["model"] | near["module"]
+        commanded = {o.sender_timestamp_ns for o in sent if not o.failsafe}  # the frame's tick identifies it
+        lost_mask = np.array([d + wall_offset not in commanded for d in due], dtype=bool)
+        model_commands = n - int(lost_mask.sum())
+        late = lat > period_ns / 1e3
         g = np.array(gens)
         first = np.r_[False, g[1:] != g[:-1]]
-        extra_first = _pct(lat_a[first])
         second = np.r_[False, first[:-1]]
-        extra_second = _pct(lat_a[second])
+
+        def part(kind: str) -> dict:
+            m = near[kind]
+            out = {"swaps": len(prepare_ms[kind]), "near_frames": int(m.sum()),
+                   "late_frames_near": int((late & m).sum()), "latency_near_us": _pct(lat[m]) if m.any() else None,
+                   "loop_start_late_max_us": round(float(wake[m].max()), 1) if m.any() else None}
+            if prepare_ms[kind]:
+                out["prepare_ms"] = {"p50": round(float(np.median(prepare_ms[kind])), 3),
+                                     "max": round(float(np.max(prepare_ms[kind])), 3)}
+            out["frames_lost_near"] = int((lost_mask & m).sum())
+            return out
+
+        all_prep = prepare_ms["model"] + prepare_ms["module"]
         summary = {
-            "frames": int(len(lat_a)), "swaps": len(prepare_ms), "frames_lost": int(len(lat_a) - model_commands),
-            "latency_away_us": _pct(lat_a[~near]), "latency_near_swap_us": _pct(lat_a[near]),
-            "prepare_ms": {"p50": round(float(np.median(prepare_ms)), 3), "max": round(float(np.max(prepare_ms)), 3)},
+            "frames": n, "swaps": len(all_prep), "frames_lost": int(n - model_commands),
+            "late_frames": int(late.sum()),
+            "latency_away_us": _pct(lat[~any_near]), "latency_near_swap_us": _pct(lat[any_near]),
+            "prepare_ms": {"p50": round(float(np.median(all_prep)), 3), "max": round(float(np.max(all_prep)), 3)},
+            "model_swaps": part("model"), "module_swaps": part("module"),
+            "loop_start_late_max_us": {"away": round(float(wake[~any_near].max()), 1),
+                                       "near_swap": round(float(wake[any_near].max()), 1)},
+            "dropped_stale": loop.counters.dropped_timestamp, "proof": proof,
+            "definitions": {"latency": "scheduled tick to signed command",
+                            "frames_lost": f"no model command: fail-safe, or dropped by the timestamp gate as "
+                                           f"older than {max_age_ms:g} ms",
+                            "late_frames": "command done more than one period after the scheduled tick; sent, "
+                                           "not counted in frames_lost"},
         }
-        extra = {"near_frames": int(near.sum()), "sets": len(hs.sets),
+        extra = {"near_frames": int(any_near.sum()), "sets": len(hs.sets),
                  "frames_in_sets": sum(s.frames for s in hs.sets), "call_overhead_us": overhead,
-                 "module_traps": loop.counters.module_traps, "first_frame_after_swap_us": extra_first,
-                 "second_frame_after_swap_us": extra_second, "work_ms_p50": float(np.median(work_ms))}
+                 "module_traps": loop.counters.module_traps, "failsafe": loop.counters.failsafe,
+                 "first_frame_after_swap_us": _pct(step_a[first]), "second_frame_after_swap_us": _pct(step_a[second]),
+                 "step_us": _pct(step_a), "work_ms_p50": float(np.median(work_ms)) if work_ms else 0.0,
+                 "raw": {"due_ns": due_a, "start_ns": np.array(starts), "done_ns": np.array(done), "windows": windows}}
         return summary, extra
     finally:
         host.close()
@@ -185,27 +258,49 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--swaps", type=int, default=100)
     ap.add_argument("--rate", type=float, default=1000.0, help="loop frames per second (default 1000)")
+    ap.add_argument("--model-every", type=int, default=4, metavar="K",
+                    help="every K-th swap is a model swap (default 4; 0: modules only)")
+    ap.add_argument("--proof", choices=("worker", "in-process"), default="worker",
+                    help="where a model swap's bound proof runs: the proof worker process, as the daemon runs it "
+                         "(default), or next to the loop in this process, as before the worker existed")
+    ap.add_argument("--max-age-ms", type=float, default=5.0,
+                    help="the timestamp gate drops frames older than this when the loop reaches them (default 5)")
     ap.add_argument("--realtime-priority", type=int, default=40 if os.geteuid() == 0 else 0, metavar="N",
                     help="run the loop thread SCHED_FIFO at N, as runtime.realtime_priority does in production "
                          "(default 40 as root, else 0 = normal scheduling)")
     ap.add_argument("--json", action="store_true", help="end with the JSON summary line")
     args = ap.parse_args()
-    s, x = run(args.swaps, args.rate, args.realtime_priority)
+    s, x = run(args.swaps, args.rate, args.realtime_priority, args.model_every, args.proof, args.max_age_ms)
     a, n = s["latency_away_us"], s["latency_near_swap_us"]
     sched = f"SCHED_FIFO {args.realtime_priority}" if args.realtime_priority else "normal scheduling"
-    print(f"hot swap under a {args.rate:g} Hz loop ({sched}): {s['frames']} frames, {s['swaps']} swaps, "
-          f"{s['frames_lost']} frames lost, {x['module_traps']} module traps")
+    ms, mo = s["model_swaps"], s["module_swaps"]
+    print(f"hot swap under a {args.rate:g} Hz loop ({sched}): {s['frames']} frames, {s['swaps']} swaps "
+          f"({ms['swaps']} model, proof {args.proof}; {mo['swaps']} module), {s['frames_lost']} frames lost "
+          f"({s['dropped_stale']} stale), {s['late_frames']} late (> 1 period), {x['failsafe']} fail-safes, "
+          f"{x['module_traps']} module traps")
     print(f"  every frame on one stage set: {x['frames_in_sets']} frames counted over {x['sets']} sets")
-    print(f"  {'loop latency (µs)':<28}{'p50':>10}{'p99':>10}{'max':>10}")
+    print(f"  {'latency from tick (µs)':<28}{'p50':>10}{'p99':>10}{'max':>10}")
     print(f"  {'away from swaps':<28}{a['p50']:>10.1f}{a['p99']:>10.1f}{a['max']:>10.1f}")
     print(f"  {'near swaps (' + str(x['near_frames']) + ' frames)':<28}{n['p50']:>10.1f}{n['p99']:>10.1f}{n['max']:>10.1f}"
           f"   p99 ratio {n['p99'] / a['p99']:.2f} (acceptance <= 2)")
-    print(f"  swap preparation (verify .cwasm, instantiate, golden vectors): p50 {s['prepare_ms']['p50']:.2f} ms, "
-          f"max {s['prepare_ms']['max']:.2f} ms wall time, of which work p50 {x['work_ms_p50']:.2f} ms (the rest waits for "
-          "frame boundaries)")
+    for label, part in (("near model swaps", ms), ("near module swaps", mo)):
+        q = part["latency_near_us"]
+        if q:
+            head = f"{label} ({part['near_frames']})"
+            print(f"  {head:<28}{q['p50']:>10.1f}{q['p99']:>10.1f}{q['max']:>10.1f}"
+                  f"   {part['frames_lost_near']} lost, {part['late_frames_near']} late, loop started up to "
+                  f"{part['loop_start_late_max_us']:.0f} µs after its tick")
+    print(f"  loop started up to {s['loop_start_late_max_us']['away']:.0f} µs after its tick away from swaps")
+    if mo["swaps"]:
+        print(f"  module swap preparation (verify .cwasm, instantiate, golden vectors): p50 "
+              f"{mo['prepare_ms']['p50']:.2f} ms, max {mo['prepare_ms']['max']:.2f} ms wall time, of which work p50 "
+              f"{x['work_ms_p50']:.2f} ms (the rest waits for frame boundaries)")
+    if ms["swaps"]:
+        print(f"  model swap preparation (ORT session, self-test, bound proof): p50 {ms['prepare_ms']['p50']:.1f} ms, "
+              f"max {ms['prepare_ms']['max']:.1f} ms wall time")
     f, f2 = x["first_frame_after_swap_us"], x["second_frame_after_swap_us"]
-    print(f"  {'first frame on a new set':<28}{f['p50']:>10.1f}{f['p99']:>10.1f}{f['max']:>10.1f}")
-    print(f"  {'second frame on a new set':<28}{f2['p50']:>10.1f}{f2['p99']:>10.1f}{f2['max']:>10.1f}")
+    print(f"  {'step, first frame on a new set':<33}{f['p50']:>7.1f}{f['p99']:>10.1f}{f['max']:>10.1f}")
+    print(f"  {'step, second frame on a new set':<33}{f2['p50']:>7.1f}{f2['p99']:>10.1f}{f2['max']:>10.1f}")
     o = x["call_overhead_us"]
     print(f"  one module call: fast path p50 {o['fast_path']['p50']:.2f} / p99 {o['fast_path']['p99']:.2f} µs vs "
           f"Func.__call__ p50 {o['func_call']['p50']:.2f} / p99 {o['func_call']['p99']:.2f} µs "

@@ -18,7 +18,9 @@ from .config import Config
 from .gates.solver import check_constraints, report_text
 
 
-def run_check(cfg: Config, max_splits: int = 256) -> dict:
+def run_check(cfg: Config, max_splits: int = 256, model_bytes: bytes | None = None) -> dict:
+    """`model_bytes`: the ONNX bytes to prove, already read (and hash-checked) by the caller; default: read
+    from `cfg.model.artifact`."""
     rep = check_constraints(cfg.signals, cfg.constraints)
     by_output = {a.output: a for a in cfg.safety.actuators}
     limits = {o: [by_output[o].min, by_output[o].max] for o in cfg.model.outputs}
@@ -46,7 +48,8 @@ def run_check(cfg: Config, max_splits: int = 256) -> dict:
     out_lo = np.array([limits[o][0] for o in cfg.model.outputs])
     out_hi = np.array([limits[o][1] for o in cfg.model.outputs])
     try:
-        model_bytes = resolve_model(cfg.model.artifact)[0]  # a compiled artifact: its deployed (dequantized) weights
+        if model_bytes is None:  # a compiled artifact: its deployed (dequantized) weights
+            model_bytes = resolve_model(cfg.model.artifact)[0]
         proof = prove(model_bytes, lower, upper, out_lo, out_hi, max_splits=max_splits)
     except (BoundsError, ModelLoadError) as exc:
         report.append(f"model bounds: cannot analyse {cfg.model.artifact}: {exc}")
@@ -179,10 +182,13 @@ def certify_model(cfg: Config, result: dict, max_splits: int = 256):
                    max_splits=max_splits)
 
 
-def swap_bounds_check(cfg: Config, candidate) -> tuple[bool, str]:
+def swap_bounds_check(cfg: Config, candidate, expected_sha256: str | None = None) -> tuple[bool, str]:
     """Before a model is swapped in: re-check the certificate its manifest carries, if it covers the
     running config's admissible box and actuator limits (fast: replays the recorded splits); else
-    prove the bounds from scratch as `sitsctl check` does. Returns (proven, report)."""
+    prove the bounds from scratch as `sitsctl check` does. Returns (proven, report).
+    `expected_sha256` (the hash of what the daemon loaded): the candidate is read once, checked against
+    it, and those very bytes are proven, so a file replaced after the daemon loaded it is refused rather
+    than proven in its new form."""
     from pathlib import Path
 
     from ep.artifact import read_certificate
@@ -191,6 +197,15 @@ def swap_bounds_check(cfg: Config, candidate) -> tuple[bool, str]:
 
     candidate = Path(candidate)
     trial = cfg.model_copy(update={"model": cfg.model.model_copy(update={"artifact": candidate})})
+    model_bytes = None
+    if expected_sha256 is not None and cfg.model.kind == "mlp":
+        try:
+            model_bytes, digest, _ = resolve_model(candidate)
+        except ModelLoadError as exc:
+            return False, f"model {candidate}: {exc}"
+        if digest.hex() != expected_sha256.lower():
+            return False, (f"model {candidate}: SHA-256 {digest.hex()} is not the {expected_sha256.lower()} the "
+                           "daemon loaded (the file changed in between); refused, run the update again")
     cert_data = None
     if candidate.is_dir():
         try:
@@ -213,7 +228,7 @@ def swap_bounds_check(cfg: Config, candidate) -> tuple[bool, str]:
             covers = (np.all(np.array(cert.input_lower) <= lower) and np.all(np.array(cert.input_upper) >= upper)
                       and np.all(np.array(cert.output_lower) >= lim_lo) and np.all(np.array(cert.output_upper) <= lim_hi))
             if covers:
-                v = verify_certificate(resolve_model(candidate)[0], cert)
+                v = verify_certificate(model_bytes or resolve_model(candidate)[0], cert)
                 return True, (f"model {candidate.name}: certificate in its manifest re-checked ({v.leaves} boxes, "
                               f"{v.seconds * 1e3:.0f} ms): outputs in [{', '.join(f'{x:.6g}' for x in v.lower)}] .. "
                               f"[{', '.join(f'{x:.6g}' for x in v.upper)}], inside the actuator limits")
@@ -222,5 +237,5 @@ def swap_bounds_check(cfg: Config, candidate) -> tuple[bool, str]:
             return False, f"model {candidate}: certificate in the manifest does not hold: {exc}"
     else:
         note = "no certificate in its manifest; proving anew"
-    result = run_check(trial)
+    result = run_check(trial, model_bytes=model_bytes)
     return bool(result["bounds_proven"]), f"{note}\n{result['report']}"

@@ -339,7 +339,7 @@ class Persistence:
             self._signature(path, "model", want["sha256"])
             try:
                 runner = ModelRunner(path, len(cfg.model.inputs), len(cfg.model.outputs),
-                                     expected_sha256=want["sha256"])
+                                     expected_sha256=want["sha256"], policy=cfg.model.provider)
             except ModelLoadError as exc:
                 raise PersistedStateError(path, f"does not load: {exc}") from None
             from .check import swap_bounds_check
@@ -436,7 +436,7 @@ class Persistence:
                 from ep.session import ModelRunner
 
                 runner = ModelRunner(cfg.model.artifact, len(cfg.model.inputs), len(cfg.model.outputs),
-                                     expected_sha256=cfg.model.sha256)
+                                     expected_sha256=cfg.model.sha256, policy=cfg.model.provider)
                 changes.update(model=runner, model_sha256=runner.sha256, model_path=str(runner.path))
             if r.modules is not None:
                 host, pre, post = r.modules

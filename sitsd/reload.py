@@ -57,9 +57,10 @@ def prove_live(daemon, new: Config) -> str:
                 raise ReloadRefused(f"the streaming model's output {o} is {got} by its head, not inside the new "
                                     f"actuator limits [{by_output[o].min:g}, {by_output[o].max:g}]")
         return "streaming head inside the new limits"
-    from .check import swap_bounds_check
+    from .hotswap import ModelBoundsCheck
 
-    proven, report = swap_bounds_check(new, Path(loop.stage_set.model_path))
+    # in the ProofWorker child process, as for a model swap: the loop thread never waits behind the proof
+    proven, report = ModelBoundsCheck(lambda: new)(Path(loop.stage_set.model_path), model.sha256.hex())
     if not proven:
         raise ReloadRefused("the running model is not proven inside the new config's limits over its admissible "
                             f"inputs, so the new rules would not keep the line safe:\n{report}")

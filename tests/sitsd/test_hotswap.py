@@ -1,7 +1,9 @@
 """Hot swap on the real loop: 100 swaps under a 1 kHz loop lose no frame and count every frame once;
 traps roll back automatically; a model whose bounds are not proven is refused; and end to end, a
 running sitsd swaps its modules and its model through `sitsctl update` without losing a frame."""
+import hashlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -49,11 +51,24 @@ def with_modules(loop, host):
     return HotSwap(loop, host, n_inputs=6, n_outputs=1, alerts=loop.alerts)
 
 
+def model_variant(path):
+    """The demo model with one more ModelProto.doc_string (field 6): same graph and weights, other bytes and hash."""
+    path.write_bytes(DEMO_MODEL.read_bytes() + b"\x32\x07variant")
+    return path
+
+
 def test_100_swaps_under_a_1khz_loop_lose_no_frame_and_count_each_frame_once(host, tmp_path):
-    loop, sent, verifier = build()
+    # frames are stamped when the loop takes them, and the deadline is wide: what is counted here is frames and
+    # sets, not time (a loop thread preempted for 8 ms on this shared 2-core box is no swap's doing; timing is
+    # bench/hotswap.py's, and the end-to-end test's stale drops around a model swap)
+    loop, sent, verifier = build(deadline_ms=100.0)
     hs = with_modules(loop, host)
+    cfg = load_config(EXAMPLE_CONFIG)
+    hs.bounds_check = model_bounds_check(lambda: cfg)  # as the daemon: each model proven, in the proof worker
     pre_paths = module_versions(tmp_path / "pre", "pre_filter")
     post_paths = module_versions(tmp_path / "post", "post_command")
+    models = [tmp_path / "rolling_mill_a.onnx", model_variant(tmp_path / "rolling_mill_b.onnx")]
+    shutil.copy(DEMO_MODEL, models[0])
     generations = []
     stop = threading.Event()
 
@@ -69,30 +84,74 @@ def test_100_swaps_under_a_1khz_loop_lose_no_frame_and_count_each_frame_once(hos
     t = threading.Thread(target=run_loop)
     t.start()
     try:
-        records = []
+        records, n_module, n_model = [], 0, 0
         for i in range(100):
-            paths = pre_paths if i % 2 == 0 else post_paths
-            records.append(hs.update_module(paths[(i // 2) % 2]))
+            if i % 4 == 3:  # every 4th swap the model: 25 model swaps, each with its bound proof
+                records.append(hs.update_model(models[(n_model + 1) % 2]))
+                n_model += 1
+            else:
+                paths = pre_paths if n_module % 2 == 0 else post_paths
+                records.append(hs.update_module(paths[(n_module // 2) % 2]))
+                n_module += 1
     finally:
         stop.set()
         t.join()
     n = len(generations)
+    assert [r["component"] for r in records].count("model") == 25
     assert all(r["swap_frame"] >= 0 for r in records)  # each new set served frames
-    assert loop.counters.frames == n and loop.counters.submitted == n and len(sent) == n  # no frame lost
-    assert loop.counters.failsafe == 0 and loop.counters.module_traps == 0
+    # no frame lost: every frame passed the gates and got a model command (no stale drop, no fail-safe)
+    assert loop.counters.frames == n and loop.counters.submitted == n and len(sent) == n
+    assert loop.counters.dropped_timestamp == 0 and loop.ts_gate.lost == 0
+    assert loop.counters.failsafe == 0 and loop.counters.module_traps == 0, list(loop.alerts)[-5:]
     # each frame ran on exactly one set: the per-set counters are the per-frame log, grouped
     by_gen = {g: generations.count(g) for g in set(generations)}
     assert {s.generation: s.frames for s in hs.sets if s.frames} == by_gen
     assert sum(s.frames for s in hs.sets) == n
     assert generations == sorted(generations)  # swaps only move forward, at frame boundaries
     assert len(hs.sets) == 101
-    # per-version module counters add up: each frame went through one pre and one post version
-    versions = hs.versions()["modules"]
-    assert sum(v["frames"] for v in versions.values() if v["stage"] == "pre") == n
-    assert sum(v["frames"] for v in versions.values() if v["stage"] == "post") == n
-    assert {v["version"] for v in versions.values()} == {1, 2}
-    for out in sent[-3:]:
-        assert not verifier.verify(out.envelope).command.failsafe
+    # per-version counters add up: each frame went through one pre, one model and one post version
+    versions = hs.versions()
+    assert sum(v["frames"] for v in versions["modules"].values() if v["stage"] == "pre") == n
+    assert sum(v["frames"] for v in versions["modules"].values() if v["stage"] == "post") == n
+    assert {v["version"] for v in versions["modules"].values()} == {1, 2}
+    assert sum(versions["models"].values()) == n
+    assert set(versions["models"]) == {hashlib.sha256(m.read_bytes()).hexdigest() for m in models}
+    assert loop.stage_set.model_path == str(models[1]) and loop.stage_set.model_sha256 == hashlib.sha256(
+        models[1].read_bytes()).digest()
+    verifier.expected_model_sha256 = None  # the last frames ran on either model: check each command's own hash
+    last = [verifier.verify(out.envelope).command for out in sent[-3:]]
+    assert not any(c.failsafe for c in last) and last[-1].model_sha256 == loop.stage_set.model_sha256
+
+
+def test_the_bound_proof_runs_in_the_proof_worker_process_which_is_replaced_when_it_dies(tmp_path):
+    """The daemon's bound proof runs in a child process (its own GIL: the loop never waits behind it); a
+    child that died is replaced, and where none can start the proof runs in-process and says so."""
+    from sitsd.hotswap import ModelBoundsCheck, ProofWorker, proof_worker
+
+    cfg = load_config(EXAMPLE_CONFIG)
+    check = model_bounds_check(lambda: cfg)
+    assert isinstance(check, ModelBoundsCheck) and check.isolate
+    proven, report = check(model_variant(tmp_path / "variant.onnx"))
+    worker = proof_worker()
+    assert proven and "inside the actuator limits" in report and "in the daemon process" not in report
+    pid = worker.pid
+    assert pid is not None and pid != os.getpid() and worker.proofs >= 1
+    proven, report = check(unbounded_model(tmp_path / "unbounded.onnx"))
+    assert not proven and "NOT proven inside" in report and worker.pid == pid
+    # the proof reads the candidate once and proves only the bytes the daemon loaded: a file that changed
+    # after the load is refused, not proven in its new form
+    variant = tmp_path / "variant.onnx"
+    loaded = hashlib.sha256(variant.read_bytes()).hexdigest()
+    assert check(variant, loaded)[0]
+    shutil.copy(DEMO_MODEL, variant)
+    proven, report = check(variant, loaded)
+    assert not proven and "the file changed in between" in report and loaded in report
+    os.kill(pid, signal.SIGKILL)
+    assert check(DEMO_MODEL)[0] and worker.pid not in (None, pid)  # a fresh child, the proof retried
+    broken = ModelBoundsCheck(lambda: cfg, worker=ProofWorker(python=str(tmp_path / "no-such-python")))
+    proven, report = broken(DEMO_MODEL)
+    assert proven and report.startswith("(proved in the daemon process") and "cannot start" in report
+    assert broken.worker.pid is None
 
 
 def test_trap_right_after_a_swap_rolls_back_automatically(host, tmp_path):
@@ -185,14 +244,16 @@ def test_sitsctl_update_swaps_modules_and_model_in_a_running_sitsd_without_losin
     control = tmp_path / "c.sock"
     log = tmp_path / "sitsd.log"
     env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
+    # the loop thread SCHED_FIFO as root, as runtime.realtime_priority runs it in production: then what this test
+    # counts around the model swap is the swap's doing (a GIL held next to the loop), not the other tests' load
+    rt = {"runtime__realtime_priority": 40} if os.geteuid() == 0 else {}
     daemon = subprocess.Popen(sitsd_args(EXAMPLE_CONFIG, plc__endpoint=endpoint, transport__url=udp_url,
                                          attestation__mode="software", plc__security="none", audit__directory=audit,
-                                         control__socket=control),
+                                         control__socket=control, **rt),
                               stderr=open(log, "wb"), cwd=REPO, env=env)
     pre_v2 = module_versions(tmp_path / "pre", "pre_filter", versions=(2,))[0]
     post_v2 = module_versions(tmp_path / "post", "post_command", versions=(2,))[0]
-    model_copy = tmp_path / "rolling_mill_v2.onnx"
-    shutil.copy(DEMO_MODEL, model_copy)
+    model_copy = model_variant(tmp_path / "rolling_mill_v2.onnx")  # other bytes, other hash: a real model swap
 
     def sitsctl(*args):
         r = subprocess.run([sys.executable, "-m", "sitsd.cli", *args, "--socket", str(control)], capture_output=True,
@@ -205,8 +266,21 @@ def test_sitsctl_update_swaps_modules_and_model_in_a_running_sitsd_without_losin
         out = sitsctl("update", "--module", str(pre_v2))
         assert "swapped module:pre pre_filter" in out and "previous kept for rollback" in out
         sitsctl("update", "--module", str(post_v2))
+        watched = ("failsafe", "dropped_timestamp", "deadline_missed", "lost", "sign_errors")
+        before = request(control, "status")["counters"]
         out = sitsctl("update", "--model", str(model_copy))
         assert "swapped model rolling_mill_v2.onnx" in out and "inside the actuator limits" in out
+        assert "proved in the daemon process" not in out  # but in the proof worker, a process of its own
+        time.sleep(0.2)  # frames that queued behind a stall have been picked up (stale) by now
+        status = request(control, "status")
+        after = status["counters"]
+        # the daemon's own counters (whatever the PLC makes of the new model hash): the model swap, with its
+        # bound proof, lost no frame: no stale drop, no sequence gap, no fail-safe, no missed deadline
+        assert {k: after[k] - before[k] for k in watched} == dict.fromkeys(watched, 0), (
+            before, after, status["recent_alerts"])
+        assert after["frames"] > before["frames"] and after["submitted"] > before["submitted"]
+        current = request(control, "versions")["current"]
+        assert current["model_sha256"] == hashlib.sha256(model_copy.read_bytes()).hexdigest()
         out = sitsctl("rollback", "--module", "post_command")
         assert "rolled back module:post" in out
         r = subprocess.run([sys.executable, "-m", "sitsd.cli", "update", "--model", str(unbounded_model(

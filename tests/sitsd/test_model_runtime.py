@@ -85,6 +85,26 @@ def test_provider_auto_chooses_the_faked_cuda_device(fake_cuda):
     assert rt["notes"][0].startswith("provider: CUDAExecutionProvider on GPU NVIDIA")
 
 
+def test_a_hot_swapped_model_keeps_the_configured_provider(fake_cuda, tmp_path):
+    """model.provider auto holds for the model a hot swap brings in, not only for the one loaded at start."""
+    import shutil
+
+    from sitsd.hotswap import HotSwap
+
+    from ..conftest import DEMO_MODEL
+    from .test_loop import build
+
+    loop, _, _ = build()
+    cfg = load_config(EXAMPLE_CONFIG, {"model.provider": "auto"})
+    hs = HotSwap(loop, None, n_inputs=len(cfg.model.inputs), n_outputs=len(cfg.model.outputs),
+                 provider=cfg.model.provider)
+    copy = tmp_path / "copy.onnx"
+    shutil.copy(DEMO_MODEL, copy)
+    hs.update_model(copy)
+    assert fake_cuda[-1] == [CUDA]  # the swapped-in session's choice (the loop's first model was built on cpu)
+    assert runtime_report(loop.stage_set.model)["policy"] == "auto"
+
+
 def test_streaming_runner_reports_its_cpu_session(tmp_path):
     runner = build_model(load_config(STREAMING_CONFIG, {"audit.directory": str(tmp_path / "audit"),
                                                         "model.streaming.window": 32}))
