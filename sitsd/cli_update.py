@@ -65,11 +65,17 @@ def _cmd_update(args) -> int:
 def _cmd_rollback(args) -> int:
     from .control import request
 
-    params = {"module": args.module} if args.module else ({"model": True} if args.model else {})
+    params = ({"module": args.module} if args.module else {"model": True} if args.model
+              else {"config": True} if args.config else {})
     answer = request(_socket(args), "rollback", timeout_s=UPDATE_TIMEOUT_S, **params)
     answer.pop("ok", None)
     if args.json:
         print(json.dumps(answer))
+        return 0
+    if answer["component"] == "config":
+        print(f"rolled back the config to {answer['config']} (sha256 {_short(answer['sha256'])}): changed "
+              f"{', '.join(answer['changed']) or 'nothing live'}"
+              f"{'; ' + answer['proof'] if answer.get('proof') else ''}")
         return 0
     print(f"rolled back {answer['component']} to {answer['name']} sha256 {_short(answer['sha256'])}: generation "
           f"{answer['previous_generation']} -> {answer['generation']}, first frame {answer['swap_frame']}")
@@ -126,4 +132,7 @@ def register(sub) -> None:
             what = p.add_mutually_exclusive_group()
             what.add_argument("--module", metavar="NAME", help="roll back only this module")
             what.add_argument("--model", action="store_true", help="roll back only the model")
+            what.add_argument("--config", action="store_true",
+                              help="back to the config that ran before the last `update --config` (its rules proven "
+                              "for the running model first; again: forward to the newer one)")
         p.set_defaults(func=func)

@@ -808,6 +808,17 @@ def attach(daemon) -> HotSwap:
                    certified=certified)
 
 
+def _config_measured(daemon) -> tuple[str, str] | None:
+    """(name, sha256) of the measurement event that names the config running now, None without a log."""
+    from .deploy import CONFIG_KINDS
+
+    log = getattr(daemon, "measurements", None)
+    if log is None:
+        return None
+    last = next((e for e in reversed(log.events) if e.kind in CONFIG_KINDS), None)
+    return (last.name, last.sha256) if last is not None else None
+
+
 def control_handlers(daemon) -> dict:
     """`update`, `rollback` and `versions` for the control socket. The first two are coroutines that run
     the preparation on a worker thread, so the I/O event loop keeps writing PLC commands meanwhile."""
@@ -824,6 +835,7 @@ def control_handlers(daemon) -> dict:
             from .reload import reload
 
             path = Path(req["config"])
+            before = (daemon.cfg, daemon.config_path, _config_measured(daemon))
             out = reload(daemon, path, daemon.config_overrides)
             if not out.get("reloaded"):
                 raise SwapRefused(out.get("error", "config refused"))
@@ -831,6 +843,7 @@ def control_handlers(daemon) -> dict:
             sha = file_sha256(path)
             if daemon.measurements is not None:
                 daemon.measurements.record("config", path.name, sha)
+            daemon.previous_config = (*before, daemon.cfg)  # for `sitsctl rollback --config`
             out = {**out, "component": "config", "name": path.name, "sha256": sha}
         else:
             raise SwapRefused("update needs one of module, model, config")
@@ -840,7 +853,40 @@ def control_handlers(daemon) -> dict:
             "component", "name", "sha256", "generation", "previous_generation", "prepare_ms", "swap_frame")})
         return {"updated": True, **out}
 
+    def _rollback_config() -> dict:
+        """Back to the rules that ran before the last `update --config` (the Config object as it was loaded,
+        not its file re-read), proven against the running model first when the rules differ; measured as
+        `rollback:config`. Rolling back again returns to the newer config."""
+        from .deploy import _restore_config
+        from .reload import ReloadRefused, plan, prove_live
+
+        prev = getattr(daemon, "previous_config", None)
+        if prev is None:
+            raise SwapRefused("no config update to roll back: `sitsctl update --config` keeps the config it "
+                              "replaced (a restart, SIGHUP or `sitsctl reload` does not)")
+        old_cfg, old_path, old_measured, installed = prev
+        if daemon.cfg is not installed:
+            raise SwapRefused("the config changed since the last `update --config` (SIGHUP, `sitsctl reload` or a "
+                              "deploy): rolling back would skip that change; `sitsctl update --config` the one wanted")
+        current = (daemon.cfg, daemon.config_path, _config_measured(daemon))
+        changed = plan(daemon.cfg, old_cfg)
+        proof = None
+        if {"signals", "constraints", "safety"} & set(changed):
+            try:  # the model may have been swapped since that config ran: its rules must hold for this one
+                proof = prove_live(daemon, old_cfg)
+            except ReloadRefused as exc:
+                raise SwapRefused(f"the previous config's rules are not proven for the running model: {exc}") from None
+        _restore_config(daemon, old_cfg, old_path, old_measured)
+        daemon.previous_config = (*current, daemon.cfg)
+        name, sha = old_measured if old_measured is not None else (Path(old_path).name, None)
+        return {"component": "config", "name": name, "sha256": sha, "changed": changed, "proof": proof,
+                "config": str(old_path)}
+
     def _rollback(req: dict) -> dict:
+        if req.get("config"):
+            out = _rollback_config()
+            daemon.log.warning("rollback", **{k: v for k, v in out.items() if k != "proof"})
+            return {"rolled_back": True, **out, "pcr": daemon.measurements.value.hex() if daemon.measurements else None}
         component = req.get("module") or ("model" if req.get("model") else None)
         out = daemon.hotswap.rollback(component)
         daemon.log.warning("rollback", **out)

@@ -20,6 +20,9 @@ def example_config_data() -> dict:
     data["model"]["artifact"] = str(EXAMPLE_CONFIG.parent / data["model"]["artifact"])
     for module in data.get("modules") or []:
         module["path"] = str(EXAMPLE_CONFIG.parent / module["path"])
+    for key in ("approval", "authority_key"):
+        if data.get("attestation", {}).get(key):
+            data["attestation"][key] = str(EXAMPLE_CONFIG.parent / data["attestation"][key])
     return data
 
 

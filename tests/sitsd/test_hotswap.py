@@ -12,12 +12,13 @@ import threading
 import time
 
 import pytest
+import yaml
 
 from sitsd.config import load_config
 from sitsd.hotswap import HotSwap, SwapRefused, model_bounds_check
 from sitsd.wasm import WasmHost
 
-from ..conftest import DEMO_MODEL, EXAMPLE_CONFIG, REPO, sitsd_args, wait_ready
+from ..conftest import DEMO_MODEL, EXAMPLE_CONFIG, REPO, example_config_data, sitsd_args, wait_ready
 from .test_loop import NOMINAL, build, frame
 from .test_wasm import MISBEHAVE, MODULES, UNREACHABLE, build_without_rate_limits
 
@@ -303,6 +304,23 @@ def test_sitsctl_update_swaps_modules_and_model_in_a_running_sitsd_without_losin
         # no frame lost in the daemon: every sequence gap is a frame the timestamp gate itself dropped (stale
         # on a loaded machine), which leaves a gap in the sequence the gate tracks
         assert status["counters"]["lost"] <= status["counters"]["dropped_timestamp"]
+
+        # the config: nothing to roll back before an update; after one, back and (again) forward
+        r = subprocess.run([sys.executable, "-m", "sitsd.cli", "rollback", "--config", "--socket", str(control)],
+                           capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+        assert r.returncode == 2 and "no config update to roll back" in r.stderr, r.stderr
+        data = example_config_data()
+        data["timing"]["max_consecutive_drops"] += 1
+        data["safety"]["actuators"][0]["max_rate"] *= 0.9
+        edited = tmp_path / "rolling-mill-edited.yaml"
+        edited.write_text(yaml.safe_dump(data))
+        out = sitsctl("update", "--config", str(edited))
+        assert "applied live" in out and "timing" in out and "safety" in out, out
+        back = json.loads(sitsctl("rollback", "--config", "--json"))
+        # the old rules were proven for the running (swapped) model before they went back in
+        assert back["component"] == "config" and {"timing", "safety"} <= set(back["changed"]) and back["proof"], back
+        out = sitsctl("rollback", "--config")  # forward again, to the edited config
+        assert f"rolled back the config to {edited}" in out and "timing" in out, out
     finally:
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(20) == 0
@@ -313,7 +331,9 @@ def test_sitsctl_update_swaps_modules_and_model_in_a_running_sitsd_without_losin
 
     header, events = read_log(audit / "measurements.jsonl")
     assert [e.kind for e in events] == ["model", "module:pre", "module:post", "config", "module:pre", "module:post",
-                                        "model", "rollback:module:post"]
+                                        "model", "rollback:module:post", "config", "rollback:config",
+                                        "rollback:config"]
+    assert events[-2].name == events[3].name and events[-1].name == events[-3].name == "rolling-mill-edited.yaml"
     assert replay_file(audit / "measurements.jsonl").hex() == events[-1].pcr_after
 
 

@@ -178,3 +178,57 @@ def test_demo_config_runs_both_modules(host):
         assert pre.name == "pre_filter" and post.name == "post_command"
     finally:
         wasm.close()
+
+
+def test_a_cwasm_entry_whose_record_is_rehashed_without_the_device_key_is_refused(host, tmp_path):
+    """Whoever can write the cache could replace the code and its SHA-256 together; the record's HMAC under the
+    device's cache key (kept outside the cache) refuses such an entry, and one copied from another device."""
+    import hashlib
+    import json
+    import os
+    import stat
+
+    from sitsd.wasm.cache import CwasmCache
+
+    v = host.load("pre_filter", "pre", MODULES / "pre_filter.wat", 6, 6)
+    key_path = host.cache.key_path
+    assert key_path.is_file() and not key_path.is_relative_to(host.cache.directory)
+    assert stat.S_IMODE(os.stat(key_path).st_mode) == 0o600 and len(key_path.read_bytes()) == 32
+    code_path, meta_path = host.cache.paths(v.sha256)
+    # the forger's entry: other native code (here: post_command's), with a matching SHA-256 in the record
+    other = host.load("post_command", "post", MODULES / "post_command.wat", 1, 1)
+    forged = host.cache.paths(other.sha256)[0].read_bytes()
+    code_path.write_bytes(forged)
+    meta = json.loads(meta_path.read_text())
+    meta["cwasm_sha256"] = hashlib.sha256(forged).hexdigest()
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(CacheIntegrityError, match="not signed with this device's cache key"):
+        host.cache.load(host.engine, v.sha256)
+    again = host.load("pre_filter", "pre", MODULES / "pre_filter.wat", 6, 6)
+    assert again.origin.startswith("compiled (cache entry refused") and again.sha256 == v.sha256
+    assert host.load("pre_filter", "pre", MODULES / "pre_filter.wat", 6, 6).origin == "cwasm cache"
+    # the same cache directory read with another device's key: nothing in it is trusted
+    elsewhere = CwasmCache(host.cache.directory, host.fingerprint, key_path=tmp_path / "other.key")
+    with pytest.raises(CacheIntegrityError, match="not signed"):
+        elsewhere.load(host.engine, v.sha256)
+    # a record without a MAC (written by an older build) is refused too, then recompiled
+    meta = json.loads(meta_path.read_text())
+    del meta["mac"]
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(CacheIntegrityError, match="no valid hash record"):
+        host.cache.load(host.engine, v.sha256)
+
+
+def test_the_cache_key_lives_in_the_state_directory_under_systemd(tmp_path, monkeypatch):
+    from sitsd.wasm.cache import default_key_path, load_or_create_key
+
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "state"))
+    path = default_key_path(tmp_path / "cache" / "wasm")
+    assert path == tmp_path / "state" / "wasm-cache.key"
+    key, where = load_or_create_key(path)
+    assert where == str(path) and load_or_create_key(path)[0] == key  # made once, then read
+    path.write_bytes(b"short")
+    key2, where2 = load_or_create_key(path)
+    assert where2.startswith("this process only") and "5 bytes" in where2 and path.read_bytes() == b"short"
+    monkeypatch.delenv("STATE_DIRECTORY")
+    assert default_key_path(tmp_path / "c" / "wasm") == tmp_path / "c" / "wasm.key"
