@@ -199,26 +199,55 @@ def _bool(value) -> bool:
     return value
 
 
+# PLC-side freshness, on by default. A sitsd command is valid from `issued_ns` to `deadline_ns` (at most 10
+# control cycles later: config check), and the deadline is when it must leave sitsd, so the PLC side allows
+# transport and scheduling on top. The defaults are those of `sitsctl plcsim` (--max-age-ms 1000,
+# --deadline-grace-ms 200): a command held back past its deadline plus 200 ms, issued more than 1 s ago,
+# issued more than 1 s in this clock's future, or valid for more than 1 s is refused as "stale". That is
+# 100 to 1000 cycles of a 100 Hz to 1 kHz loop: far beyond any delay the loop itself produces, so no false
+# refusal on a loaded host, yet a command an attacker or a stuck network held back cannot act minutes later.
+# The clocks of signer and verifier must agree to well under that (one host, or PTP/NTP).
+DEFAULT_MAX_AGE_NS = 1_000_000_000
+DEFAULT_DEADLINE_GRACE_NS = 200_000_000
+DEFAULT_MAX_FUTURE_NS = DEFAULT_MAX_AGE_NS
+DEFAULT_MAX_VALIDITY_NS = DEFAULT_MAX_AGE_NS
+
+
 class EnvelopeVerifier:
     """Checks envelopes from one signer: key, signature, model hash, strictly rising sequence numbers
-    and, when given `max_age_ns` or `clock`, freshness.
+    and freshness against `clock` (default: the wall clock, `time.time_ns`).
+
+    Freshness is on by default (see DEFAULT_MAX_AGE_NS): a command past its deadline plus
+    `deadline_grace_ns`, older than `max_age_ns`, more than `max_future_ns` ahead of the clock or valid for
+    longer than `max_validity_ns` is refused with code "stale". Each bound but the deadline can be dropped
+    by passing None for it. `freshness=False` turns every time check off, for offline verification of old
+    records (audit, fuzzing, benchmarks): never use it on a live command path.
 
     Used by the PLC simulator and usable on a PLC gateway. Not thread-safe (holds replay state).
     """
 
     def __init__(self, public_key_pem: bytes, expected_model_sha256: bytes | None = None, *,
-                 max_age_ns: int | None = None, clock: Callable[[], int] | None = None,
-                 deadline_grace_ns: int = 0, max_future_ns: int | None = None,
-                 max_validity_ns: int | None = None) -> None:
+                 freshness: bool = True, max_age_ns: int | None = DEFAULT_MAX_AGE_NS,
+                 clock: Callable[[], int] | None = None, deadline_grace_ns: int = DEFAULT_DEADLINE_GRACE_NS,
+                 max_future_ns: int | None = DEFAULT_MAX_FUTURE_NS,
+                 max_validity_ns: int | None = DEFAULT_MAX_VALIDITY_NS) -> None:
+        if not freshness and clock is not None:
+            raise ValueError("freshness=False checks no time: a clock makes no sense with it")
+        for name, value in (("max_age_ns", max_age_ns), ("deadline_grace_ns", deadline_grace_ns),
+                            ("max_future_ns", max_future_ns), ("max_validity_ns", max_validity_ns)):
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must not be negative, got {value}")
         self.public_key = serialization.load_pem_public_key(public_key_pem)
         self.algorithm = cose.algorithm_for_key(self.public_key)
         self.key_id = key_id_of(self.public_key)
         self.expected_model_sha256 = expected_model_sha256
+        self.freshness = bool(freshness)
+        # None: no time checks at all (offline verification); only a verifier whose clock tracks the signer's
+        # can judge freshness
+        self.clock = (clock or time.time_ns) if self.freshness else None
         self.max_age_ns = max_age_ns
-        # freshness is opt-in: only a verifier whose clock tracks the signer's can judge it
-        self.clock = clock or (time.time_ns if max_age_ns is not None else None)
         # transport and scheduling between the signer's deadline check and this one; clocks that differ by
-        # more than `max_future_ns` (a command issued in the verifier's future) are refused, when given
+        # more than `max_future_ns` (a command issued in the verifier's future) are refused
         self.deadline_grace_ns = deadline_grace_ns
         self.max_future_ns = max_future_ns
         self.max_validity_ns = max_validity_ns  # deadline - issued: a signer cannot hand out long-lived commands
@@ -264,7 +293,9 @@ class EnvelopeVerifier:
                                 "stale")
         if now > cmd.deadline_ns + self.deadline_grace_ns:
             raise EnvelopeError(
-                f"command {cmd.sequence} expired {(now - cmd.deadline_ns) / 1e6:.3f} ms ago (deadline passed)", "stale")
+                f"command {cmd.sequence} expired {(now - cmd.deadline_ns) / 1e6:.3f} ms ago (deadline passed, "
+                f"{self.deadline_grace_ns / 1e6:g} ms grace)", "stale")
         if self.max_age_ns is not None and now - cmd.issued_ns > self.max_age_ns:
             raise EnvelopeError(f"command {cmd.sequence} was issued {(now - cmd.issued_ns) / 1e6:.3f} ms ago, "
-                                f"more than the {self.max_age_ns / 1e6:g} ms allowed", "stale")
+                                f"more than the {self.max_age_ns / 1e6:g} ms allowed (held back or replayed "
+                                "late)", "stale")

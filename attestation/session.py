@@ -36,7 +36,9 @@ Credential CBOR (one canonical encoding; anything else is refused):
 from __future__ import annotations
 
 import hashlib
+import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -46,7 +48,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from . import cose
 from .cose import es256_from_der
-from .envelope import ALG_ECDSA_P256_SHA256, Command, EnvelopeVerifier, assemble, key_id_of, to_be_signed
+from .envelope import (ALG_ECDSA_P256_SHA256, DEFAULT_DEADLINE_GRACE_NS, DEFAULT_MAX_AGE_NS, DEFAULT_MAX_FUTURE_NS,
+                       DEFAULT_MAX_VALIDITY_NS, Command, EnvelopeVerifier, assemble, key_id_of, to_be_signed)
 from .errors import AttestationError, EnvelopeError, TpmError
 from .tpm.quote import AK_HANDLE, PCR_COUNT, Quote, QuoteError, extend_pcr, load_or_create_ak, quote, verify_quote
 from .tpm.quote import ak_public_pem as _ak_public_pem
@@ -237,6 +240,155 @@ def _field_key(fields: dict, key: int, what: str) -> bytes:
     return _pem(public_key)
 
 
+# --- bounded TPM access ----------------------------------------------------------------------
+
+TPM_CALL_TIMEOUT_S = 5.0  # one TPM command (a discrete TPM: tens of ms; a quote well under 1 s)
+TPM_SETUP_TIMEOUT_S = 60.0  # opening the TPM and creating the AK at first use (key generation can take seconds)
+
+
+class TpmIdentityLost(TpmError):
+    """The TPM answers, but the attestation key the PLC trusts is not in it (cleared, or another TPM)."""
+
+
+class _TpmLock:
+    """The signer's lock, shared with the measurement log and the audit anchor: waits at most `timeout_s`
+    (every holder's TPM calls are bounded, so a longer wait means a TPM that hangs), then raises TpmError."""
+
+    def __init__(self, what: str, timeout_s: float) -> None:
+        self._lock = threading.Lock()
+        self.what, self.timeout_s = what, timeout_s
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return self._lock.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    def __enter__(self) -> "_TpmLock":
+        if not self._lock.acquire(timeout=self.timeout_s):
+            raise TpmError(f"{self.what}: busy for more than {self.timeout_s:.0f} s (another TPM command has not "
+                           "returned: the TPM hangs or is overloaded)")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+
+
+class _TpmWorker:
+    """Runs every ESAPI call of one signer on one daemon thread (ESYS is not thread-safe anyway) and waits at most a
+    timeout for each. A TPM that hangs (a wedged /dev/tpmrm0, a frozen swtpm: the TCTI blocks without a timeout) then
+    costs its caller TpmError after the timeout instead of a thread blocked forever: such a thread, in asyncio's
+    default executor or holding the signer lock, kept SIGTERM from stopping the daemon. The stuck call stays on this
+    daemon thread (it does not hold up interpreter exit); while it has not returned, further calls fail at once."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._busy: tuple[str, float] | None = None  # (what, since) of the call in progress
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self.timeouts = 0
+
+    def call(self, what: str, fn, *args, timeout_s: float = TPM_CALL_TIMEOUT_S, **kwargs):
+        busy = self._busy
+        if busy is not None and time.monotonic() - busy[1] > timeout_s:
+            raise TpmError(f"TPM at {self.where!r} has not answered {busy[0]} for {time.monotonic() - busy[1]:.0f} s "
+                           f"(hung or overloaded); {what} not attempted")
+        self._ensure_thread()
+        job = [fn, args, kwargs, threading.Event(), None, None, False, what]  # ..., done, result, error, cancelled
+        self._jobs.put(job)
+        if not job[3].wait(timeout_s):
+            job[6] = True  # not started yet: never run it later (a late PCR extend would break the log)
+            self.timeouts += 1
+            raise TpmError(f"TPM at {self.where!r} did not answer {what} within {timeout_s:.0f} s (hung or overloaded)")
+        if job[5] is not None:
+            raise job[5]
+        return job[4]
+
+    def _ensure_thread(self) -> None:
+        with self._start_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="tpm", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fn, args, kwargs, done, _, _, cancelled, what = job
+            if cancelled:
+                continue
+            self._busy = (what, time.monotonic())
+            try:
+                job[4] = fn(*args, **kwargs)
+            except BaseException as exc:  # handed to the caller, who waits for it
+                job[5] = exc
+            finally:
+                self._busy = None
+                done.set()
+
+    @property
+    def hung(self) -> bool:
+        busy = self._busy
+        return busy is not None and time.monotonic() - busy[1] > TPM_CALL_TIMEOUT_S
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+
+async def call_in_thread(fn, *args):
+    """`await fn(*args)` on a fresh daemon thread: for TPM work from asyncio. Unlike asyncio.to_thread (the default
+    executor, whose threads the interpreter joins at exit), a thread left behind by a hung TPM never holds up the
+    daemon's exit; cancelling the await abandons the thread and drops its result."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(result, error) -> None:
+        if not future.done():
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = fn(*args), None
+        except BaseException as exc:  # handed to the awaiting coroutine
+            result, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the event loop is closed: nobody waits any more
+            pass
+
+    threading.Thread(target=run, name=f"tpm-{getattr(fn, '__name__', 'call')}", daemon=True).start()
+    return await future
+
+
+class _BoundedEsapi:
+    """The ESAPI context as the signer's users see it (`_open_esapi`): each method call runs on the signer's TPM
+    worker thread with a timeout. Non-callable attributes pass through."""
+
+    def __init__(self, worker: _TpmWorker, esapi) -> None:
+        self._worker, self._raw = worker, esapi
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._raw, name)
+        if not callable(attr):
+            return attr
+        worker = self._worker
+
+        def call(*args, **kwargs):
+            return worker.call(f"TPM2 {name}", attr, *args, **kwargs)
+
+        return call
+
+
 # --- the daemon side -------------------------------------------------------------------------
 
 class TpmSessionSigner:
@@ -247,6 +399,13 @@ class TpmSessionSigner:
     does and needs no lock. `certification_active`, when set, says whether the certification still
     describes what runs (a hot swap away from the certified model ends it): `bind` leaves it out
     of the credential while it returns False.
+
+    Every TPM call runs on the signer's own TPM thread and is bounded (TPM_CALL_TIMEOUT_S): a hung TPM costs a
+    TpmError, never a blocked caller. TPM reset (TPM2_Startup(CLEAR): PCRs back at zero, resetCount + 1): `probe`
+    notices it (the clock's reset/restart counts, and the PCR against the replay of `measurements`) and returns
+    what it saw; from then until `remeasure` the key is *unbound*: `sign_command` and `bind` refuse, since the TPM
+    no longer attests what the key signs for. The same holds while the TPM answers without the attestation key the
+    PLC trusts (`TpmIdentityLost`: cleared, or another TPM).
     """
 
     kind = "tpm-session"
@@ -263,37 +422,59 @@ class TpmSessionSigner:
             raise ValueError(f"PCR must be in 0..{PCR_COUNT - 1}, got {pcr!r}")
         t = _tss()
         self.tcti, self.key_handle, self.ak_handle, self.pcr = tcti, key_handle, ak_handle, pcr
-        self._lock = threading.Lock()
+        self._lock = _TpmLock(f"the TPM at {tcti!r}", 2 * TPM_CALL_TIMEOUT_S + 1.0)
+        self._worker = _TpmWorker(tcti)
+        self._esapi = None
         try:
-            self._esapi = t.ESAPI(tcti)
-        except Exception as exc:  # TSS2_Exception or TCTI load failure
+            self._esapi = self._worker.call("opening the TPM", t.ESAPI, tcti, timeout_s=TPM_SETUP_TIMEOUT_S)
+        except TpmError as exc:
+            self._worker.stop()
             raise TpmError(f"cannot open TPM through TCTI {tcti!r}: {exc}") from exc
-        try:
-            self._ak, self.ak_created = load_or_create_ak(self._esapi, ak_handle)
-            self._ak_public_pem = _ak_public_pem(self._esapi, self._ak)
+        except Exception as exc:  # TSS2_Exception or TCTI load failure
+            self._worker.stop()
+            raise TpmError(f"cannot open TPM through TCTI {tcti!r}: {exc}") from exc
+
+        def setup(esapi):
+            ak, created = load_or_create_ak(esapi, ak_handle)
+            pem = _ak_public_pem(esapi, ak)
             if reset_pcr:
-                self._esapi.pcr_reset(getattr(t.ESYS_TR, f"PCR{pcr}"))
-            start = read_pcrs(self._esapi, [pcr])[pcr]
+                esapi.pcr_reset(getattr(t.ESYS_TR, f"PCR{pcr}"))
+            return ak, created, pem, read_pcrs(esapi, [pcr])[pcr], _clock_counts(esapi)
+
+        try:
+            self._ak, self.ak_created, self._ak_public_pem, start, self._counts = self._worker.call(
+                "setting up the attestation key", setup, self._esapi, timeout_s=TPM_SETUP_TIMEOUT_S)
         except TpmError:
-            self._esapi.close()
+            self._abandon()
             raise
         except Exception as exc:
-            self._esapi.close()
+            self._abandon()
             raise TpmError(f"TPM at {tcti!r}: cannot set up the attestation key at 0x{ak_handle:08x} or "
                            f"reset PCR {pcr} (only 16 and 23 are resettable at locality 0): {exc}") from exc
         if start != _ZERO:
-            self._esapi.close()
+            self._abandon()
             raise TpmError(f"PCR {pcr} is {start.hex()[:16]}…, not zero: its earlier measurements are unknown; "
                            "reset it (reset_pcr=True) or use a PCR nothing else extends")
         self._measurements: list[bytes] = []
         self._last_reopen = 0.0
         self.reconnects = 0
+        self.resets = 0  # TPM resets (or foreign PCR changes) seen by `probe`
+        self.unbound_reason: str | None = None  # set while the TPM does not attest what the key signs for
         self.certification: Certification | None = None
         self.certification_active: Callable[[], bool] | None = None
         self._key = ec.generate_private_key(ec.SECP256R1())
         self._session_public_pem = _pem(self._key.public_key())
         self.key_id = key_id_of(self._key.public_key())
         self._ecdsa = ec.ECDSA(hashes.SHA256())
+
+    def _abandon(self) -> None:
+        esapi, self._esapi = self._esapi, None
+        if esapi is not None and not self._worker.hung:
+            try:
+                self._worker.call("closing the TPM context", esapi.close, timeout_s=1.0)
+            except Exception:  # closing is best effort
+                pass
+        self._worker.stop()
 
     def public_key_pem(self) -> bytes:
         """The session key: what each command's signature verifies with (after `SessionVerifier.accept`)."""
@@ -306,6 +487,10 @@ class TpmSessionSigner:
     @property
     def measurements(self) -> tuple[bytes, ...]:
         return tuple(self._measurements)
+
+    @property
+    def bound(self) -> bool:
+        return self.unbound_reason is None
 
     def measure_model(self, model_sha256: bytes) -> bytes:
         """Extend the model hash into the PCR and remember it; returns the new PCR value."""
@@ -322,6 +507,35 @@ class TpmSessionSigner:
                 raise TpmError(f"TPM2_PCR_Extend of PCR {self.pcr} through {self.tcti!r} failed: {exc}") from exc
             self._measurements.append(model_sha256)
             return value
+
+    def remeasure(self, measurements: Sequence[bytes]) -> bytes:
+        """After a TPM reset: reset the PCR, extend `measurements` (what runs now, measured by the caller, never the
+        old list) and make them the session's; the key is bound again. Returns the PCR value. TpmError when the TPM
+        does not take it (the key stays unbound)."""
+        measurements = [bytes(m) for m in measurements]
+        if not measurements or len(measurements) > MAX_MEASUREMENTS or any(len(m) != 32 for m in measurements):
+            raise ValueError(f"remeasure needs 1..{MAX_MEASUREMENTS} SHA-256 digests")
+        t = _tss()
+        with self._lock:
+            esapi = self._open_esapi()
+            try:
+                esapi.pcr_reset(getattr(t.ESYS_TR, f"PCR{self.pcr}"))
+                value = read_pcrs(esapi, [self.pcr])[self.pcr]
+                for m in measurements:
+                    value = extend_pcr(esapi, self.pcr, m)
+                counts = _clock_counts(esapi)
+            except t.TSS2_Exception as exc:
+                raise TpmError(f"re-measuring PCR {self.pcr} through {self.tcti!r} failed: {exc}") from exc
+            if value != replay_measurements(measurements):
+                raise TpmError(f"PCR {self.pcr} is {value.hex()[:16]}… after re-measuring, not the replay "
+                               f"{replay_measurements(measurements).hex()[:16]}…: something else extends it meanwhile")
+            self._measurements, self._counts = measurements, counts
+            self.unbound_reason = None
+            return value
+
+    def unbind(self, reason: str) -> None:
+        """From now until `remeasure`: no command is signed and no credential made (the daemon's fail-safe)."""
+        self.unbound_reason = reason
 
     def certify(self, approval, authority) -> Certification:
         """Have the policy-bound device key at `key_handle` (created when absent, bound to `authority`) sign
@@ -350,12 +564,16 @@ class TpmSessionSigner:
 
     def bind(self, verifier_nonce: bytes) -> SessionCredential:
         """Quote the PCR with extraData = the binding of the session key to `verifier_nonce` (16..64
-        bytes the PLC chose). The credential carries what the TPM quoted; the verifier judges it."""
+        bytes the PLC chose). The credential carries what the TPM quoted; the verifier judges it (a reset PCR the
+        probe has not seen yet: refused there, `pcr-value`). TpmError while the key is unbound (a reset seen, not yet
+        re-measured; the attestation key gone)."""
         nonce = _check_nonce(verifier_nonce)
         extra = session_binding(self._session_public_pem, nonce)
         cert = self.certification  # judged before the quote: a swap meanwhile cannot carry it over
         if cert is not None and self.certification_active is not None and not self.certification_active():
             cert = None
+        if self.unbound_reason is not None:
+            raise TpmError(f"no session credential: the session key is not bound ({self.unbound_reason})")
         with self._lock:
             esapi = self._open_esapi()
             try:
@@ -367,45 +585,131 @@ class TpmSessionSigner:
         return SessionCredential(self._session_public_pem, self._ak_public_pem, q, q.pcrs[self.pcr], measurements,
                                  nonce, self.pcr, cert)
 
-    def probe(self) -> None:
-        """TPM2_ReadPublic of the AK: TpmError when the TPM does not answer. After a failure the connection is
-        reopened (rate-limited), so measurements, quotes and anchors work again once the TPM is back; commands
-        never need the TPM (the session key signs them)."""
+    def probe(self) -> str | None:
+        """TPM2_ReadPublic of the AK, TPM2_ReadClock and TPM2_PCR_Read. TpmError when the TPM does not answer
+        (the connection is then reopened, rate-limited, so measurements, quotes and anchors work again once it is
+        back; commands never need the TPM); TpmIdentityLost when it answers without our AK (the key is unbound).
+        Returns None, or what shows that the PCR no longer holds this session's measurements: a TPM reset or
+        restart (resetCount/restartCount moved) or a foreign PCR change; the key is then unbound until
+        `remeasure`."""
         with self._lock:
             esapi = self._open_esapi()
             try:
-                esapi.read_public(self._ak)
-            except Exception as exc:  # TSS2_Exception, a dead socket
+                pub, _, _ = esapi.read_public(self._ak)
+            except Exception as exc:  # TSS2_Exception, a dead socket, no answer in time
                 self._reopen_locked()
                 raise TpmError(f"TPM at {self.tcti!r} does not answer: {exc}") from exc
+            try:
+                same_ak = _pem_of(pub) == self._ak_public_pem
+                counts = _clock_counts(esapi)
+                value = read_pcrs(esapi, [self.pcr])[self.pcr]
+            except Exception as exc:
+                self._reopen_locked()
+                raise TpmError(f"TPM at {self.tcti!r} does not answer: {exc}") from exc
+        if not same_ak:
+            self._identity_lost("holds another key at 0x%08x than the attestation key the PLC trusts" % self.ak_handle)
+        expected = replay_measurements(self._measurements)
+        if counts == self._counts and value == expected:
+            return None
+        if counts != self._counts:
+            (r0, s0), (r1, s1) = self._counts, counts
+            what = (f"TPM reset (resetCount {r0}→{r1}, restartCount {s0}→{s1}): PCR {self.pcr} is "
+                    + ("back at zero" if value == _ZERO else f"{value.hex()[:16]}…"))
+        else:
+            what = (f"PCR {self.pcr} is {value.hex()[:16]}…, not the replay {expected.hex()[:16]}… of this session's "
+                    f"{len(self._measurements)} measurements: something else reset or extended it")
+        self.resets += 1
+        self.unbind(what + "; re-measurement pending")
+        return what
+
+    def _identity_lost(self, what: str) -> None:
+        reason = (f"the TPM at {self.tcti!r} answers but {what} (0x{self.ak_handle:08x}): the TPM was cleared or "
+                  "replaced. Nothing is signed (the PLC would have to trust a new attestation key). Fix: bring back "
+                  "the TPM with this device's identity, or re-provision: restart sitsd (it creates a new AK) and "
+                  "enrol the new <audit.directory>/device.pub.pem in the PLC")
+        self.unbind(reason)
+        raise TpmIdentityLost(reason)
 
     def _reopen_locked(self, min_interval_s: float = 1.0) -> bool:
+        """A fresh context on the TPM worker (bounded). TpmIdentityLost when the TPM answers without our AK."""
         from .tpm.signer import reopen
 
-        fresh = reopen(self, self.ak_handle, min_interval_s)
+        if self._worker.hung:
+            return False  # the old context is still inside a call: reopening would race it; retried next probe
+        try:
+            fresh = self._worker.call("reconnecting to the TPM", reopen, self, self.ak_handle, min_interval_s)
+        except TpmError:
+            return False
         if fresh is None:
+            if self._last_reopen and self._tpm_answers_without_ak():
+                self._identity_lost(f"has no attestation key at 0x{self.ak_handle:08x}")
             return False
         self._esapi, self._ak = fresh
         return True
+
+    def _tpm_answers_without_ak(self) -> bool:
+        """Whether a fresh connection reaches a TPM that lacks the AK (vs. a TPM that is not there)."""
+        t = _tss()
+
+        def check() -> bool:
+            try:
+                esapi = t.ESAPI(self.tcti)
+            except Exception:
+                return False
+            try:
+                esapi.tr_from_tpmpublic(self.ak_handle)
+                return False
+            except t.TSS2_Exception as exc:
+                return (int(exc.rc) & 0xFFF) in _HANDLE_ERRORS
+            except Exception:
+                return False
+            finally:
+                esapi.close()
+
+        try:
+            return self._worker.call("looking for the attestation key", check)
+        except TpmError:
+            return False
 
     def sign_command(self, cmd: Command) -> bytes:
         key = self._key
         if key is None:
             raise TpmError("TpmSessionSigner is closed")
+        reason = self.unbound_reason
+        if reason is not None:
+            raise TpmError(f"not signed: the session key is not bound to the TPM ({reason})")
         signed, parts = to_be_signed(cmd, self.algorithm, self.key_id)
         return assemble(parts, es256_from_der(key.sign(signed, self._ecdsa)))  # COSE wants r||s, not DER
 
     def _open_esapi(self):
         if self._esapi is None:
             raise TpmError("TpmSessionSigner is closed")
-        return self._esapi
+        return _BoundedEsapi(self._worker, self._esapi)
 
     def close(self) -> None:
-        with self._lock:
-            self._key = None
-            if self._esapi is not None:
-                self._esapi.close()
-                self._esapi = None
+        """Never waits for a hung TPM: the key is dropped at once, the context closed only if the TPM thread is free."""
+        self._key = None
+        if not self._lock.acquire(timeout=1.0):
+            self._esapi = None  # a hung call holds the context: the process exit reclaims it
+            self._worker.stop()
+            return
+        try:
+            self._abandon()
+        finally:
+            self._lock.release()
+
+
+_HANDLE_ERRORS = {0x08B, 0x084, 0x18B}  # TPM_RC_HANDLE (format 0 / 1 variants), TPM_RC_VALUE: no object there
+
+
+def _clock_counts(esapi) -> tuple[int, int]:
+    """(resetCount, restartCount) from TPM2_ReadClock: unobfuscated there, unlike in a quote's clockInfo."""
+    info = esapi.read_clock()
+    return int(info.clockInfo.resetCount), int(info.clockInfo.restartCount)
+
+
+def _pem_of(public) -> bytes:
+    return _pem(serialization.load_pem_public_key(public.to_pem()))
 
 
 # --- the PLC side ----------------------------------------------------------------------------
@@ -421,9 +725,10 @@ class SessionVerifier:
     Without a pin, any approval the authority ever signed for this device key is accepted."""
 
     def __init__(self, trusted_ak_public_pem: bytes, expected_model_sha256: bytes, pcr: int = MODEL_PCR, *,
-                 max_age_ns: int | None = None, clock: Callable[[], int] | None = None,
-                 deadline_grace_ns: int = 0, max_future_ns: int | None = None,
-                 max_validity_ns: int | None = None, trusted_device_key_pem: bytes | None = None,
+                 freshness: bool = True, max_age_ns: int | None = DEFAULT_MAX_AGE_NS,
+                 clock: Callable[[], int] | None = None, deadline_grace_ns: int = DEFAULT_DEADLINE_GRACE_NS,
+                 max_future_ns: int | None = DEFAULT_MAX_FUTURE_NS,
+                 max_validity_ns: int | None = DEFAULT_MAX_VALIDITY_NS, trusted_device_key_pem: bytes | None = None,
                  approved_pcr_value: bytes | None = None, approval=None, authority=None) -> None:
         ak = serialization.load_pem_public_key(trusted_ak_public_pem)
         if not isinstance(ak, ec.EllipticCurvePublicKey) or ak.curve.name != "secp256r1":
@@ -453,7 +758,9 @@ class SessionVerifier:
         if approved_pcr_value is not None and len(approved_pcr_value) != 32:
             raise ValueError("approved_pcr_value must be 32 bytes")
         self.approved_pcr_value = approved_pcr_value
-        self._envelope_options = {"max_age_ns": max_age_ns, "clock": clock, "deadline_grace_ns": deadline_grace_ns,
+        # the session's EnvelopeVerifier: freshness on by default, as EnvelopeVerifier's (freshness=False: offline)
+        self._envelope_options = {"freshness": freshness, "max_age_ns": max_age_ns, "clock": clock,
+                                  "deadline_grace_ns": deadline_grace_ns,
                                   "max_future_ns": max_future_ns, "max_validity_ns": max_validity_ns}
 
     def accept(self, credential_bytes: bytes, nonce: bytes) -> EnvelopeVerifier:

@@ -28,7 +28,9 @@ was declared. The faults, in order:
   prover_stall    the daemon's Groth16 prover processes are stopped (SIGSTOP) and continued (SIGCONT):
                   the loop keeps sending commands, proofs beyond the bounded queue are dropped and
                   counted; recovered also needs proofs being produced again
-  burst_10x       a second publisher floods the frame stream at ten times the nominal rate
+  burst_10x       the PLC publishes ten frames per cycle (`publish-factor 10`): ten times the nominal rate
+                  through the loop (a second publisher's frames would be discarded at the source as
+                  foreign, never reaching the gates)
   malformed       a burst of 500 malformed UADP datagrams on the frame stream
   disk_full       the audit file system fills up, then gets room again
 
@@ -294,13 +296,13 @@ class Soak:
         if kind == "prover_stall":
             return self.stall_prover(max(hold_s, PROVER_STALL_S))
         if kind == "burst_10x":
-            flood = Simulator(self.udp_url, self.work / "device.pem", self.model_sha, seed=4,
-                              rate_hz=self.rate_hz * 10, workdir=self.work, port=0,
-                              extra_args=("--publisher-id", "8"), log_name="flood.log")
+            frames0 = self.status()["counters"]["frames"]
+            self.sim.ask("publish-factor 10", "publish_factor")
             time.sleep(hold_s)
-            flood.close()
+            self.sim.ask("publish-factor 1", "publish_factor")
             self._clear()
-            return f"{self.rate_hz * 10:g} extra frames/s for {hold_s:.1f} s"
+            return (f"{self.rate_hz * 10:g} frames/s for {hold_s:.1f} s: "
+                    f"{self.status()['counters']['frames'] - frames0} reached the loop")
         if kind == "malformed":
             import random
 

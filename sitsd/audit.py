@@ -15,6 +15,12 @@ Durability promise (audit.fsync):
 A record cut off by a crash is detected at the next start; the new segment names the cut and
 links to the last whole record, so `verify` still proves everything before it.
 
+Durable watermark (`AuditLog.durability`, `sitsctl status` audit_durable): the last record this process knows
+is on disk, i.e. fsynced together with its segment's directory entry, with its command sequence, hash and the
+wall time of that fsync, and how many command records were written after it (in the kernel, not yet on disk).
+Under `never` sitsd fsyncs only at segment rotation, retention, anchor records and close, so the watermark
+mostly stands still there: that is the policy, and status says so.
+
 Segments, compression and retention: a segment is a plain JSONL file while it is written (an append
 is one write; a crash can only cut its last line). Past audit.segment_max_mb the log starts a new
 segment linked to the last record of the old one, and a background thread compresses the closed
@@ -45,9 +51,17 @@ import threading
 import time
 from pathlib import Path
 
+from typing import NamedTuple
+
 import zstandard
 
 GENESIS = "0" * 64
+DURABILITY = {  # what each audit.fsync policy promises (status: audit_durable.promise)
+    "every": "each record is fsynced before the next command is written",
+    "interval": "records are fsynced at least once a second",
+    "never": "no fsync per record: the kernel writes back when it likes (about 30 s); fsynced only at segment "
+             "rotation, retention, anchor records and close",
+}
 _SEGMENT = re.compile(r"^commands-(\d{6})-.*\.jsonl(\.zst)?$")
 _ZST = ".zst"
 
@@ -126,6 +140,17 @@ def _scan(path: Path) -> tuple[str, int, bool, int]:
     return last or GENESIS, whole, cut, seq
 
 
+class _Mark(NamedTuple):
+    """A point in the log: command records written by this process up to it, the command sequence number of the
+    last of them (None before the first), the hash of the last record (any kind), and for a durable mark the wall
+    time of the fsync that made it so."""
+
+    records: int
+    seq: int | None
+    hash: str | None
+    at_ns: int | None = None
+
+
 class AuditLog:
     def __init__(self, directory: str | os.PathLike, fsync: str = "interval", *, segment_max_mb: float = 64.0,
                  retention_days: float | None = None, max_total_mb: float | None = None) -> None:
@@ -139,6 +164,10 @@ class AuditLog:
         self.max_total_bytes = int(max_total_mb * 1024 * 1024) if max_total_mb else None
         self._lock = threading.Lock()
         self._prev = GENESIS
+        # the newest record written, and the newest known on disk: replaced whole (never mutated), so a reader
+        # without the lock (status) sees a consistent pair of fields; written is never behind durable
+        self._written = _Mark(0, None, None)
+        self._durable = _Mark(0, None, None)
         self._last_sync = time.monotonic()
         self.records = 0
         self.compressed = 0  # segments compressed by this process
@@ -179,12 +208,10 @@ class AuditLog:
             with self._lock:
                 if self._dirty and not self._fh.closed and time.monotonic() - self._last_sync >= 1.0:
                     try:
-                        os.fsync(self._fh.fileno())
+                        self._fsync_locked()
                     except OSError as exc:  # the next write reports the disk; keep trying
                         self.housekeeping_error = f"fsync of {self.path}: {exc.strerror or exc}"
                         continue
-                    self._dirty = False
-                    self._last_sync = time.monotonic()
 
     def _open_segment(self, previous: Path | None, at_start: bool = False) -> None:
         number = int(_SEGMENT.match(previous.name).group(1)) + 1 if previous else 1
@@ -218,19 +245,51 @@ class AuditLog:
             raise AuditWriteError(f"cannot write audit record to {self.path}: {exc.strerror or exc}") from exc
         self._size += len(line)
         self._prev = digest
+        written = self._written
+        if "type" in record:
+            self._written = written._replace(hash=digest)
+        else:
+            seq = record.get("seq")
+            self._written = _Mark(written.records + 1, seq if isinstance(seq, int) else written.seq, digest)
         now = time.monotonic()
         if self.fsync == "every" or (self.fsync == "interval" and now - self._last_sync > 1.0):
-            os.fsync(self._fh.fileno())
-            self._last_sync = now
-            self._dirty = False
+            self._fsync_locked()
         else:
             self._dirty = True
         return digest
+
+    def _fsync_locked(self) -> None:
+        """fsync the segment being written (and, the first time, its directory entry: a record in a file the
+        directory may lose after a power loss is not on disk); everything written so far is then durable."""
+        os.fsync(self._fh.fileno())
+        self._last_sync = time.monotonic()
+        self._dirty = False
+        if self._dir_synced != self.path:
+            _fsync_dir(self.directory)
+            self._dir_synced = self.path
+        self._durable = self._written._replace(at_ns=time.time_ns())
+
+    def durability(self) -> dict:
+        """The durable watermark for status, without the lock (an fsync in progress does not hold status up):
+        `durable` {records, seq, hash, at_ns} is the newest record known on disk (records/seq None/0 before
+        the first fsync of this process), `not_durable` the command records written after it."""
+        durable = self._durable  # first: the written mark read after it is never older
+        written = self._written
+        return {"policy": self.fsync, "promise": DURABILITY[self.fsync], "records": durable.records,
+                "seq": durable.seq, "hash": durable.hash, "at_ns": durable.at_ns,
+                "not_durable": max(0, written.records - durable.records), "head_records": written.records,
+                "head_seq": written.seq}
 
     @property
     def head(self) -> str:
         """The hash of the last record written (what the next one links to)."""
         return self._prev
+
+    def head_status(self) -> dict:
+        """status audit_head: command records written by this process, the last one's sequence number and the
+        hash of the last record (one consistent snapshot, without the lock)."""
+        written = self._written
+        return {"records": written.records, "seq": written.seq, "hash": written.hash or self._prev}
 
     def append(self, record: dict) -> str:
         with self._lock:
@@ -243,7 +302,8 @@ class AuditLog:
     def _rotate_locked(self) -> None:
         """Close the current segment (fsynced) and continue the chain in a new one."""
         closed, old_fh, old_size, old_prev = self.path, self._fh, self._size, self._prev
-        os.fsync(old_fh.fileno())
+        self._fsync_locked()
+        old_marks = self._written, self._durable, self._dir_synced
         try:
             self._open_segment(closed)
         except OSError:  # no room for a new segment: go on in the old one, try again at the next record
@@ -251,6 +311,7 @@ class AuditLog:
                 self._fh.close()
                 self.path.unlink(missing_ok=True)
             self._fh, self._size, self._prev, self.path = old_fh, old_size, old_prev, closed
+            self._written, self._durable, self._dir_synced = old_marks
             return
         old_fh.close()
         self._queue_closed(closed)
@@ -261,12 +322,7 @@ class AuditLog:
         """fsync the segment being written, and once per segment its directory entry (a record the TPM
         counter will vouch for must survive a power loss together with the file that holds it). Caller
         holds the lock (`write_typed_locked` for the anchor)."""
-        os.fsync(self._fh.fileno())
-        self._last_sync = time.monotonic()
-        self._dirty = False
-        if self._dir_synced != self.path:
-            _fsync_dir(self.directory)
-            self._dir_synced = self.path
+        self._fsync_locked()
 
     def write_typed_locked(self, record: dict, sync: bool = True) -> str:
         """A record of the log itself (anchor, anchor_gap), not a command; the caller holds `lock`.
@@ -343,7 +399,7 @@ class AuditLog:
                     record["removed_newest_anchor"] = removed_anchor["counter"]
             with self._lock:  # the record first: a crash before the unlink leaves a file, never a gap
                 self._write_locked(record)
-                os.fsync(self._fh.fileno())
+                self._fsync_locked()
             size = f.stat().st_size
             f.unlink()
             total -= size
@@ -366,7 +422,7 @@ class AuditLog:
         with self._lock:
             if not self._fh.closed:
                 try:
-                    os.fsync(self._fh.fileno())
+                    self._fsync_locked()
                 finally:
                     self._fh.close()
         if anchor is not None:  # stops its thread; an increment still pending is tried once more

@@ -65,6 +65,25 @@ def _socket_path(args) -> Path:
     return Path(load_config(args.config, parse_overrides(args.set)).control.socket)
 
 
+def _print_audit_durability(head: dict | None, durable: dict | None) -> None:
+    """`sitsctl status`: the audit head, and what of it is on disk under audit.fsync (daemon status audit_durable)."""
+    if not head:
+        return
+    print(f"  audit   head: {head['records']} records (seq {head.get('seq')}), hash {str(head['hash'])[:16]}…")
+    if not durable:
+        return
+    if durable.get("at_ns"):
+        import time
+
+        age_s = max(0.0, (time.time_ns() - durable["at_ns"]) / 1e9)
+        on_disk = (f"{durable['records']} records (seq {durable['seq']}), hash {str(durable['hash'])[:16]}…, "
+                   f"fsynced {age_s:.1f} s ago")
+    else:
+        on_disk = "nothing fsynced yet by this process"
+    print(f"          on disk: {on_disk}; not yet on disk: {durable['not_durable']} records "
+          f"(audit.fsync {durable['policy']}: {durable['promise']})")
+
+
 def _cmd_status(args) -> int:
     from .control import request
 
@@ -90,8 +109,10 @@ def _cmd_status(args) -> int:
     print(f"  signer  {answer['signer']} (key id {answer['key_id']})"
           + ("" if certified is None else "; session key certified by the TPM" if certified
              else "; session key NOT certified")
-          + ("" if not tpm else "; TPM answers" if tpm["reachable"]
-             else f"; TPM NOT ANSWERING ({tpm['last_error']})"))
+          + ("" if not tpm else f"; TPM NOT ANSWERING ({tpm['last_error']})" if not tpm["reachable"]
+             else "; TPM answers, session key NOT BOUND (TPM reset: re-measuring; nothing is signed)"
+             if tpm.get("bound") is False else "; TPM answers"
+             + (f" (reset {tpm['resets']}x, re-measured)" if tpm.get("resets") else "")))
     print(f"  PLC     {answer['plc']}")
     print(f"  frames {c['frames']}  commands {c['commands']}  dropped {c['dropped']}  fail-safe {c['failsafe']}  "
           f"deadline missed {c['deadline_missed']}  expired {c['expired']}  write errors {c['write_errors']}")
@@ -101,7 +122,10 @@ def _cmd_status(args) -> int:
         print(f"  proofs  {pr['policy']}{' n=' + str(pr['n']) if pr['policy'] == 'one_in_n' else ''}: offered "
               f"{pr['offered']}  accepted {pr['accepted']}  dropped (queue full) {pr['dropped']}  proved "
               f"{pr['proved']}  failed {pr['failed']}  queue {pr['queue_depth']}/{pr['queue_max']}  in flight "
-              f"{pr['in_flight']}  workers {len(pr['worker_pids'])}")
+              f"{pr['in_flight']}  workers {len(pr['worker_pids'])}"
+              f"{'  STALLED (alert prover)' if pr.get('stalled') else ''}"
+              f"{'  stalls ' + str(pr['stalls']) if pr.get('stalls') else ''}")
+    _print_audit_durability(answer.get("audit_head"), answer.get("audit_durable"))
     an = answer.get("audit_anchor")
     if an:
         print(f"  audit   anchor {an['nv_index']}: TPM counter {an['counter']}, newest anchor {an['last_anchor']}, "
@@ -482,6 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
     __import__("sitsd.cli_zk").cli_zk.register(sub)  # sitsctl zk-setup / prove / verify-proof (Groth16)
     __import__("sitsd.cli_deploy").cli_deploy.register(sub)  # sitsctl deploy, sitsctl policy keygen / approve
     __import__("sitsd.cli_sign").cli_sign.register(sub)  # sitsctl sign / verify-signature (detached signatures)
+    __import__("sitsd.cli_enroll").cli_enroll.register(sub)  # sitsctl enroll (AK enrollment, docs/enroll.md)
     sub.add_parser("plcsim", help="run the rolling-mill PLC simulator (see sitsctl plcsim --help)",
                    add_help=False)
     sub.add_parser("compile", help="compile an ONNX model into a verified artifact: graph passes, FP8/int8 "

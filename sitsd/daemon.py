@@ -54,6 +54,7 @@ RECONNECT_MAX_S = 2.0
 FRAME_STALL_MAX_BACKOFF_S = 60.0  # opcua-subscription: a stall that outlives a rebuild is retried at most this rarely
 PUBKEY_FILE = "signer.pub.pem"
 TPM_PROBE_S = 2.0  # tpm-session: how often the TPM is asked whether it still answers
+TPM_PROBE_TIMEOUT_S = 30.0  # a probe or re-measurement that takes longer is abandoned (each TPM call is bounded too)
 DEVICE_KEY_FILE = "device.pub.pem"  # tpm-session: the attestation key the PLC trusts
 
 
@@ -128,7 +129,10 @@ class Daemon:
         self.hotswap = None  # sitsd.hotswap.HotSwap once the loop is built
         self.measurements = None  # attestation.measurement.MeasurementLog
         self.persistence = None  # sitsd.persist.Persistence: hot swaps that survive a restart
-        self.tpm_state = {"reachable": True, "outages": 0, "errors": 0, "last_error": None}  # tpm-session probe
+        # tpm-session probe: reachability, and TPM resets (bound: the session key is attested; resets seen;
+        # remeasure_failures: re-measurement attempts the TPM refused, retried every probe)
+        self.tpm_state = {"reachable": True, "outages": 0, "errors": 0, "last_error": None, "bound": True,
+                          "resets": 0, "remeasure_failures": 0, "last_reset": None}
 
     # -- startup ------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -246,7 +250,8 @@ class Daemon:
 
     def _signer_self_test(self) -> int:
         """Sign and verify a few commands; returns the signing budget used by the deadline check."""
-        verifier = EnvelopeVerifier(self.signer.public_key_pem(), self.model.sha256)
+        # a signature round trip only: the self-test commands carry no deadline, so freshness is explicitly off
+        verifier = EnvelopeVerifier(self.signer.public_key_pem(), self.model.sha256, freshness=False)
         times = []
         for i in range(5):
             cmd = Command("self-test", (0.0,), i, 0, time.time_ns(), 0, self.model.sha256, True)
@@ -432,11 +437,16 @@ class Daemon:
         not depend on the session, whose health asyncua's supervisor watches: there the alert is all."""
         seen, self._frame_progress_at = self._frames_seen(), time.monotonic()
         subscription = isinstance(self.source, OpcUaSubscriptionSource)
-        while True:
+        # the stop flag ends it, not only cancellation: asyncio.wait_for (Python 3.11) swallows a cancel that arrives
+        # when the awaited event is already set, which `_link_lost` stays while reconnecting, so a stop during a
+        # reconnect used to spin here forever (`_reconnect` returned at once, was called again): SIGTERM ignored
+        while not self._stop.is_set():
             try:
                 await asyncio.wait_for(self._link_lost.wait(), 0.05)
             except asyncio.TimeoutError:
                 pass
+            if self._stop.is_set():
+                return
             if self._link_lost.is_set():
                 await self._reconnect()
                 seen, self._frame_progress_at = self._frames_seen(), time.monotonic()  # a full timeout to start
@@ -571,27 +581,155 @@ class Daemon:
 
     async def _watch_tpm(self, interval_s: float = TPM_PROBE_S) -> None:
         """tpm-session: commands never need the TPM, so its loss would go unseen until the next measurement, anchor or
-        PLC re-bind. Probe it; one `tpm` alert per outage, and a log line when it answers again."""
+        PLC re-bind. Probe it; one `tpm` alert per outage, and a log line when it answers again.
+
+        TPM reset (PCRs back at zero: the quote a reconnecting PLC asks for would no longer show the model): the probe
+        sees it (resetCount/restartCount, or the PCR against the replay of the session's measurements) and unbinds the
+        session key (nothing is signed). The running model, modules and config are then measured anew into both PCRs
+        (`_remeasure_after_reset`), the session key bound again, and one `tpm` alert names the reset. When that fails
+        (the TPM refuses a certification, or holds no attestation key any more) nothing is signed, so the PLC's
+        watchdog holds its fail-safe, one `tpm` alert says why, and every probe retries. TPM calls run on daemon
+        threads and are bounded: a hung TPM never blocks this event loop or the daemon's exit."""
+        from attestation.session import TpmIdentityLost, call_in_thread
+
         probe = getattr(self.signer, "probe", None)
         if probe is None:
             return
-        while True:
+        st = self.tpm_state
+        pending: str | None = None  # why the session must be re-measured; None while it is bound
+        alerted = False  # one alert per reset episode
+        while not self._stop.is_set():  # not only cancellation: wait_for may swallow a cancel (see _supervise_link)
             await asyncio.sleep(interval_s)
             try:
-                await asyncio.wait_for(asyncio.to_thread(probe), timeout=interval_s + 3.0)
+                seen = await asyncio.wait_for(call_in_thread(probe), timeout=TPM_PROBE_TIMEOUT_S)
+            except TpmIdentityLost as exc:
+                st["errors"] += 1
+                st["last_error"] = str(exc)
+                st["bound"] = False
+                st["remeasure_failures"] += 1
+                if pending is None:
+                    pending, alerted = "attestation key lost", False
+                if not alerted:
+                    alerted = True
+                    self._alert("tpm", f"{exc}; retrying every {interval_s:g} s")
+                continue
             except Exception as exc:  # TpmError, or no answer in time
-                self.tpm_state["errors"] += 1
-                self.tpm_state["last_error"] = str(exc) or type(exc).__name__
-                if self.tpm_state["reachable"]:
-                    self.tpm_state["reachable"], self.tpm_state["outages"] = False, self.tpm_state["outages"] + 1
-                    self._alert("tpm", f"TPM unreachable ({self.tpm_state['last_error']}): commands are still signed "
+                st["errors"] += 1
+                st["last_error"] = str(exc) or type(exc).__name__
+                if st["reachable"]:
+                    st["reachable"], st["outages"] = False, st["outages"] + 1
+                    self._alert("tpm", f"TPM unreachable ({st['last_error']}): commands are still signed "
                                 "with the session key; hot-swap measurements, audit anchors and a session re-bind "
                                 "after a PLC reconnect fail until it answers")
                 continue
-            if not self.tpm_state["reachable"]:
-                self.tpm_state["reachable"] = True
-                self.log.info("TPM answers again", outages=self.tpm_state["outages"],
+            if not st["reachable"]:
+                st["reachable"] = True
+                self.log.info("TPM answers again", outages=st["outages"],
                               reconnects=getattr(self.signer, "reconnects", 0))
+            if seen is not None and (pending is None or pending == "attestation key lost"):  # a new reset episode
+                st["resets"] += 1
+                st["last_reset"] = seen
+                st["bound"] = False
+                pending = seen
+                self.log.warning("TPM reset detected", detail=seen, action="re-measuring the running model, "
+                                 "modules and config, then binding the session key again")
+            if pending is None:
+                continue
+            t0 = time.perf_counter()
+            try:
+                done = await asyncio.wait_for(call_in_thread(self._remeasure_after_reset, not alerted),
+                                              timeout=TPM_PROBE_TIMEOUT_S)
+            except Exception as exc:  # TpmError, MeasurementError, PolicyError (certification refused), a timeout
+                reason = str(exc) or type(exc).__name__
+                self.signer.unbind(f"{pending}; re-measurement failed: {reason}")
+                st["bound"] = False
+                st["remeasure_failures"] += 1
+                st["last_error"] = reason
+                if st["remeasure_failures"] <= 3 or st["remeasure_failures"] % 30 == 0:
+                    self.log.warning("re-measurement after TPM reset failed", reset=pending, error=reason,
+                                     attempt=st["remeasure_failures"], retry_in_s=interval_s)
+                if not alerted:
+                    alerted = True
+                    self._alert("tpm", f"{pending}: re-measuring the running model, modules and config failed "
+                                f"({reason}); nothing is signed, so the PLC's watchdog holds its fail-safe; "
+                                f"retrying every {interval_s:g} s")
+                continue
+            ms = round((time.perf_counter() - t0) * 1000, 1)
+            self.log.info("session re-measured after TPM reset", reset=pending, measured=done, ms=ms,
+                          pcr=getattr(self.signer, "pcr", None))
+            if not alerted:
+                self._alert("tpm", f"{pending}: re-measured what runs ({done}) in {ms} ms and bound the session key "
+                            "again; a PLC that reconnects gets a fresh quote")
+            else:
+                self.log.info("TPM session bound again", after_failures=st["remeasure_failures"])
+            st["bound"] = True
+            pending, alerted = None, False
+
+    def _remeasure_after_reset(self, archive: bool) -> str:
+        """After a TPM reset (a thread of its own; TPM calls bounded): measure what runs now, from the loop's stage
+        set and the applied config, never from the old log: PCR 23 gets a new measurement log (the old one kept as
+        measurements-before-tpm-reset-<ns>.jsonl when `archive`), the session key is certified again under
+        attestation.certify_session, then PCR 16 gets the running model and the session key is bound again (last:
+        until then nothing is signed). Raises what the TPM refuses. Returns what was measured, in words."""
+        from attestation.measurement import MeasurementLog
+
+        from .hotswap import file_sha256
+
+        st = self.loop.stage_set
+        done = ["model"]
+        log = self.measurements
+        if log is not None and log.tpm is not None and log.path is not None:
+            if archive and log.path.exists():
+                log.path.replace(log.path.with_name(f"measurements-before-tpm-reset-{time.time_ns()}.jsonl"))
+            log.tpm.reset()
+            new = MeasurementLog(log.path, log.pcr, log.tpm)
+            new.record("model", Path(st.model_path).name, st.model_sha256.hex())
+            modules = [m for m in (st.pre, st.post) if m is not None]
+            for m in modules:
+                new.record(f"module:{m.stage}", m.name, m.sha256)
+            done.append(f"{len(modules)} module(s)")
+            a = self.cfg.attestation
+            if a.certify_session and getattr(self.signer, "certification", None) is not None:
+                from attestation.tpm.policy import Approval, load_authority_public
+
+                authority = load_authority_public(a.authority_key)
+                approval = Approval.load(a.approval)
+                approval.verify(authority)
+                before = self.signer.certification.device_public_pem
+                cert = self.signer.certify(approval, authority)  # PolicyError "refused" unless the approved set runs
+                if cert.device_public_pem != before:  # a new device key: the PLC trusts the one it enrolled
+                    from attestation.errors import TpmError
+
+                    raise TpmError(f"the policy-bound device key at 0x{a.key_handle:08x} is not the one this session "
+                                   "was certified with (the TPM was cleared and the key created anew): the PLC trusts "
+                                   "the enrolled one; re-provision and enrol the new device-policy.pub.pem")
+                done.append("certification")
+            if self.config_path is not None:
+                persistence = self.persistence
+                config_sha = getattr(persistence, "config_sha256", None) or file_sha256(self.config_path)
+                new.record("config", Path(self.config_path).name, config_sha)
+                done.append("config")
+            self.measurements = new
+            if self.hotswap is not None:
+                self.hotswap.measure = new.record  # later swaps are measured into the new log
+            done[0] = f"model, PCR {new.pcr} {new.value.hex()[:16]}…"
+        value = self.signer.remeasure([st.model_sha256])  # binds the session key again
+        return ", ".join(done) + f"; PCR {self.signer.pcr} {value.hex()[:16]}…"
+
+    async def _watch_prover(self, interval_s: float = 2.0) -> None:
+        """Proofs are off the fast path, so a stopped or hung prover would only show as proofs that stop coming.
+        One `prover` alert per stall (ProofService.watch), a log line when proofs finish again."""
+        while True:
+            await asyncio.sleep(interval_s)
+            service = getattr(self, "prover", None)
+            change = service.watch() if service is not None else None
+            if change is None:
+                continue
+            kind, text = change
+            if kind == "stalled":
+                self._alert("prover", f"prover stalled: {text}")
+            else:
+                self.log.info("prover recovered", detail=text, stalls=service.stalls, **service.counters())
 
     async def _watch_ptp(self) -> None:
         """Poll linuxptp; with policy drop/failsafe an unlocked clock closes the timestamp gate."""
@@ -668,7 +806,10 @@ class Daemon:
             "tpm": dict(self.tpm_state) if hasattr(self.signer, "probe") else None,
             "audit_file": str(self.audit.path) if self.audit else None,
             # the live head of the hash chain: recorded elsewhere, it shows a cut of the newest records
-            "audit_head": {"records": self.audit.records, "hash": self.audit.head} if self.audit else None,
+            # what has reached the disk under audit.fsync: the last fsynced record, the records written after it;
+            # read before the head, so the durable record is never newer than the head shown with it
+            "audit_durable": self.audit.durability() if self.audit else None,
+            "audit_head": self.audit.head_status() if self.audit else None,
             "audit_backlog": len(self.audit_backlog), "audit_held": self.audit_held,
             # audit.anchor tpm: the TPM counter, the newest anchor record, failures (sitsd/audit_anchor.py)
             "audit_anchor": self.audit_anchor.status() if self.audit_anchor is not None else None,
@@ -739,6 +880,7 @@ class Daemon:
                      asyncio.create_task(self._housekeeping(), name="housekeeping"),
                      asyncio.create_task(self._watch_ptp(), name="ptp"),
                      asyncio.create_task(self._watch_tpm(), name="tpm"),
+                     asyncio.create_task(self._watch_prover(), name="prover"),
                      asyncio.create_task(self._supervise_link(), name="plc-link")]
             discarded = self.source.discard_pending()  # frames that arrived during startup are stale
             self.loop.start()

@@ -232,6 +232,21 @@ class DaemonCollector:
             model.add_metric([st.model_sha256.hex() if st is not None else d.model.sha256.hex(),
                               str(st.model_path) if st is not None else str(d.cfg.model.artifact)], 1.0)
             yield model
+        audit = getattr(d, "audit", None)
+        if audit is not None:  # the durable watermark (AuditLog.durability): what has reached the disk
+            dur = audit.durability()  # one snapshot: durable <= written
+            yield _counter("sitsd_audit_records", "Command records written to the audit log since start.",
+                           dur["head_records"])
+            yield _counter("sitsd_audit_durable_records", "Of those, the records known on disk (fsynced, under "
+                           "audit.fsync).", dur["records"])
+            pending = GaugeMetricFamily("sitsd_audit_not_durable_records", "Audit records written but not yet "
+                                        "fsynced: what a power loss now would lose.", labels=["policy"])
+            pending.add_metric([dur["policy"]], float(dur["not_durable"]))
+            yield pending
+            synced = GaugeMetricFamily("sitsd_audit_last_fsync_timestamp_seconds", "Wall time of the fsync that "
+                                       "made the newest durable record so (0: none yet by this process).")
+            synced.add_metric([], (dur["at_ns"] or 0) / 1e9)
+            yield synced
         prover = getattr(d, "prover", None)
         proofs = prover.status() if prover is not None else None
         backlog = GaugeMetricFamily("sitsd_proof_backlog", "Inference proofs waiting to be produced (queued + in "

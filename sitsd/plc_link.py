@@ -148,7 +148,17 @@ class PlcLink:
         nonce = await nonce_node.read_value()
         if not isinstance(nonce, (bytes, bytearray)) or not 16 <= len(nonce) <= 64:
             raise StartupError(f"plc.session_nonce_node {p.session_nonce_node}: expected a 16-64 byte nonce")
-        credential = self.signer.bind(bytes(nonce))
+        # the quote needs the TPM: on a thread of its own (bounded by the signer), never on this event loop, whose
+        # stall by a hung TPM kept SIGTERM from being handled
+        from attestation.errors import AttestationError
+        from attestation.session import call_in_thread
+
+        try:
+            credential = await call_in_thread(self.signer.bind, bytes(nonce))
+        except AttestationError as exc:
+            raise StartupError(f"cannot bind the session key for the PLC: {exc}\n  fix: see the `tpm` alert and "
+                               "`tpm` in sitsctl status; sitsd retries by itself once the TPM answers and the running "
+                               "model is re-measured (docs/alerts.md, tpm)") from exc
         if credential.certification is not None:
             uncertified = ""
         elif getattr(self.signer, "certification", None) is not None:

@@ -7,7 +7,8 @@ final stats as a JSON line when it stops (SIGINT, SIGTERM or --duration). With -
 (used by the demo and the tests) it reads commands from stdin: `stats` prints a JSON stats line,
 `clock-offset-ms N` makes the PLC's clock jump: the sender stamp of every frame published from then on is
 N ms ahead (negative: behind) of the host clock, 0 restores it; it answers `{"clock_offset_ms": N}`, or
-`{"error": ...}` for a bad N. `stop` or the end of input stops it. The trusted key is read when the first command arrives if it did not exist at
+`{"error": ...}` for a bad N; `publish-factor K` publishes K frames per physics tick from then on (K times
+the nominal rate, 1 restores: a subscriber flooded by its own PLC), answering `{"publish_factor": K}`. `stop` or the end of input stops it. The trusted key is read when the first command arrives if it did not exist at
 start, so the simulator can be started before sitsd writes its public key.
 """
 from __future__ import annotations
@@ -29,7 +30,8 @@ class LazyVerifier:
     def __init__(self, key_path: Path, model_sha256: bytes | None, freshness: dict | None = None) -> None:
         self.key_path = key_path
         self.model_sha256 = model_sha256
-        self.freshness = freshness or {}  # EnvelopeVerifier's max_age_ns, deadline_grace_ns, max_future_ns
+        # EnvelopeVerifier's freshness options (freshness_options); empty: its defaults, which check freshness
+        self.freshness = freshness or {}
         self._verifier: EnvelopeVerifier | None = None
 
     def __call__(self, envelope: bytes):
@@ -77,6 +79,18 @@ class SessionAcceptor:
             return env.command.sequence, env.command.values, env.command.failsafe
 
         return verify
+
+
+def freshness_options(args: argparse.Namespace) -> dict:
+    """EnvelopeVerifier's freshness options from --max-age-ms and --deadline-grace-ms: every bound explicit;
+    --max-age-ms 0 is the explicit opt-out (no time checks at all)."""
+    if args.max_age_ms <= 0:
+        return {"freshness": False}
+    if args.deadline_grace_ms < 0:
+        raise SystemExit(f"sitsctl plcsim: --deadline-grace-ms must not be negative, got {args.deadline_grace_ms:g}")
+    ns = int(args.max_age_ms * 1e6)
+    return {"max_age_ns": ns, "deadline_grace_ns": int(args.deadline_grace_ms * 1e6), "max_future_ns": ns,
+            "max_validity_ns": ns}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also write every frame to RollingMill.SensorFrame (for the opcua-subscription transport)")
     ap.add_argument("--control-stdin", action="store_true",
                     help="take 'stats', 'clock-offset-ms N' (shift the frames' sender stamps by N ms from "
-                    "now on, 0 restores) and 'stop' lines on stdin; end of input stops the simulator")
+                    "now on, 0 restores), 'publish-factor K' (K times the nominal frame rate, 1 restores) and 'stop' lines on stdin; end of input stops the simulator")
     ap.add_argument("--fault", default=None, metavar="KIND@SECONDS[:SIGNAL][xMAG]",
                     help="inject a fault at that time, e.g. stuck_sensor@20:entry_thickness, plc_fault@15, roll_wear@10x2 "
                     "(kinds: sensor_drift stuck_sensor clock_skew network_delay actuator_saturation roll_wear plc_fault)")
@@ -180,9 +194,7 @@ async def run(args) -> int:
             raise SystemExit(f"sitsctl plcsim: --approval: {exc.reason}") from None
         if approval.model_sha256 != model.hex():
             raise SystemExit(f"sitsctl plcsim: --approval approves model {approval.model_sha256}, not --model-sha256")
-    freshness = ({} if args.max_age_ms <= 0 else
-                 {"max_age_ns": int(args.max_age_ms * 1e6), "deadline_grace_ns": int(args.deadline_grace_ms * 1e6),
-                  "max_future_ns": int(args.max_age_ms * 1e6), "max_validity_ns": int(args.max_age_ms * 1e6)})
+    freshness = freshness_options(args)
     if args.trust_device_key is not None:
         sim = RollingMillSimulator(settings, None,
                                    session_acceptor=SessionAcceptor(args.trust_device_key, model, freshness,
@@ -224,6 +236,13 @@ async def run(args) -> int:
                           flush=True)
                 else:
                     print(json.dumps({"clock_offset_ms": offset_ns / 1e6}), flush=True)
+            elif cmd.split(None, 1)[:1] == ["publish-factor"]:  # K frames per tick: K x the nominal rate
+                try:
+                    factor = sim.set_publish_factor(int(cmd[len("publish-factor"):].strip()))
+                except ValueError as exc:
+                    print(json.dumps({"error": f"publish-factor K: K is an integer 1..100 ({exc})"}), flush=True)
+                else:
+                    print(json.dumps({"publish_factor": factor}), flush=True)
             elif cmd == "stop" or not line:
                 break
     finally:

@@ -231,6 +231,13 @@ class ProofService:
         self.submitted = self.cancelled = 0  # handed to a worker (feeder thread); discarded at shutdown
         self._pool: ProcessPoolExecutor | None = None
         self._feeder: threading.Thread | None = None
+        # stall watch (`watch`, from the daemon's I/O thread): proof id -> when it went to a worker
+        self.stall_after_s = p.stall_alert_s
+        self._in_flight: dict[str, int] = {}
+        self._ready_ns: int | None = None  # when the first worker had its keys: a proof cannot start before
+        self._progress_ns = 0  # when a proof last finished (any outcome)
+        self.stalled_since_ns: int | None = None  # monotonic; set while stalled
+        self.stalls = 0
 
     def start(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -245,7 +252,10 @@ class ProofService:
         exc = fut.exception()
         if exc is not None:
             self._index({"event": "prover_failed", "error": str(exc)})
-        elif (self.keys / "vk.json").is_file() and not (self.directory / "vk.json").is_file():
+            return
+        if self._ready_ns is None:
+            self._ready_ns = time.monotonic_ns()
+        if (self.keys / "vk.json").is_file() and not (self.directory / "vk.json").is_file():
             (self.directory / "vk.json").write_bytes((self.keys / "vk.json").read_bytes())
 
     # loop thread: no logging, no blocking, no allocation beyond the job tuple
@@ -300,10 +310,13 @@ class ProofService:
                 self.cancelled += 1
                 return
             self.submitted += 1
+            self._in_flight[job[0]] = time.monotonic_ns()
             fut.add_done_callback(lambda f, job=job: self._done(job, f))
 
     def _done(self, job: tuple, fut: Future) -> None:
         self._slots.release()
+        self._in_flight.pop(job[0], None)
+        self._progress_ns = time.monotonic_ns()
         exc = fut.exception() if not fut.cancelled() else RuntimeError("cancelled at shutdown")
         if fut.cancelled():
             self.cancelled += 1
@@ -320,6 +333,34 @@ class ProofService:
             with open(self.directory / "index.jsonl", "a") as f:
                 f.write(json.dumps({"t_ns": time.time_ns(), **entry}) + "\n")
 
+    def watch(self, now_ns: int | None = None) -> tuple[str, str] | None:
+        """Called every few seconds off the loop (the daemon's I/O thread). ("stalled", why) when a proof has
+        been with a prover process for more than `proof.stall_alert_s` (counted from when the workers had
+        their keys, at the earliest) and none finished meanwhile: the process is stopped, hung or starved.
+        ("recovered", how) when proofs finish again after that. None otherwise. Commands never wait for
+        proofs, so a stall only means commands go unproven: the queue fills and offers are dropped."""
+        now = time.monotonic_ns() if now_ns is None else now_ns
+        try:
+            oldest = min(self._in_flight.values(), default=None)
+        except RuntimeError:  # the feeder added one meanwhile: judged at the next call
+            return None
+        if self.stalled_since_ns is not None:
+            if self._progress_ns > self.stalled_since_ns:
+                stalled_s = (now - self.stalled_since_ns) / 1e9
+                self.stalled_since_ns = None
+                return "recovered", f"proofs finish again, {stalled_s:.1f} s after the stall was reported"
+            return None
+        if oldest is None or self._ready_ns is None:
+            return None
+        waiting_s = (now - max(oldest, self._ready_ns, self._progress_ns)) / 1e9
+        if waiting_s <= self.stall_after_s:
+            return None
+        self.stalled_since_ns, self.stalls = now, self.stalls + 1
+        return "stalled", (f"no proof finished for {waiting_s:.0f} s with {len(self._in_flight)} in the prover "
+                           f"processes (PIDs {', '.join(map(str, self.worker_pids())) or 'none alive'}): stopped, "
+                           f"hung or starved of CPU; commands go on unproven, and offers are dropped while the "
+                           f"queue ({self._queue.maxsize}) is full")
+
     def counters(self) -> dict:
         return {"offered": self.offered, "skipped": self.skipped, "accepted": self.accepted, "dropped": self.dropped,
                 "proved": self.proved, "failed": self.failed, "cancelled": self.cancelled}
@@ -335,6 +376,8 @@ class ProofService:
         in_flight = max(0, self.submitted - self.proved - self.failed - self.cancelled)
         return {"policy": self.policy, "n": self.n, "workers": self.workers, "worker_pids": self.worker_pids(),
                 "queue_depth": self._queue.qsize(), "queue_max": self._queue.maxsize, "in_flight": in_flight,
+                "stalled": self.stalled_since_ns is not None, "stalls": self.stalls,
+                "stall_alert_s": self.stall_after_s,
                 **self.counters()}
 
     def close(self, timeout_s: float = 10.0) -> None:

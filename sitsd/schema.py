@@ -540,6 +540,9 @@ class ProofSection(_Section):
     n: int = Field(default=100, ge=1, description="one_in_n: prove every n-th command")
     workers: int = Field(default=1, ge=1, le=16, description="prover processes")
     queue: int = Field(default=8, ge=1, le=4096, description="commands waiting for a prover; beyond: dropped")
+    stall_alert_s: float = Field(default=30.0, gt=0, le=3600, description="alert `prover` when a proof has been "
+                                 "with a prover process this long and none finished meanwhile (stopped, hung, "
+                                 "starved); commands never wait for proofs")
     directory: Path | None = Field(default=None, description="proof files and index (default <audit.directory>/proofs)")
     keys: Path | None = Field(default=None, description="circuit.zkey + vk.json (default <directory>/keys; a "
                               "development setup is made there if missing: see `sitsctl zk-setup`)")

@@ -95,6 +95,7 @@ class RollingMillSimulator:
         self.sessions_rejected = 0
         dt = 1.0 / settings.rate_hz
         self.dt = dt
+        self.publish_factor = 1  # frames per physics tick (set_publish_factor)
         self._disturbances = DisturbanceSequence(self.p, settings.seed, dt)
         self.fault = FaultInjector(parse_fault(settings.fault, settings.profile), self.p) if settings.fault else None
         self.closed = Stand(self.p, dt)
@@ -264,14 +265,20 @@ class RollingMillSimulator:
         try:
             while not self._stop.is_set() and (end is None or next_tick < end):
                 self._step(reading)
-                net_seq += 1
-                msg = UadpMessage(self.s.publisher_id, self.s.writer_group_id, self.s.writer_id,
-                                  net_seq, net_seq, self._sender_ns(), tuple(reading.tolist()))
-                publisher.send(self._layout.encode(msg))
-                if self._loop is not None and (self.s.publish_opcua_frames or net_seq % 10 == 0):
-                    # every frame when a subscriber reads frames over OPC UA; else 10 Hz for people browsing
-                    self._loop.call_soon_threadsafe(self._publish_opcua, reading.tolist(), msg.timestamp_ns,
-                                                    net_seq % 10 == 0)
+                burst = self.publish_factor  # read once per physics tick (set from another thread)
+                for i in range(burst):
+                    if i:  # the extra frames of a burst, spread over the tick: same physics, fresh stamps
+                        delay = next_tick + i * self.dt / burst - time.monotonic()
+                        if delay > 0:
+                            time.sleep(delay)
+                    net_seq += 1
+                    msg = UadpMessage(self.s.publisher_id, self.s.writer_group_id, self.s.writer_id,
+                                      net_seq, net_seq, self._sender_ns(), tuple(reading.tolist()))
+                    publisher.send(self._layout.encode(msg))
+                    if i == 0 and self._loop is not None and (self.s.publish_opcua_frames or net_seq % 10 == 0):
+                        # every frame when a subscriber reads frames over OPC UA; else 10 Hz for people browsing
+                        self._loop.call_soon_threadsafe(self._publish_opcua, reading.tolist(), msg.timestamp_ns,
+                                                        net_seq % 10 == 0)
                 next_tick += self.dt
                 delay = next_tick - time.monotonic()
                 if delay > 0:
@@ -280,6 +287,15 @@ class RollingMillSimulator:
                     next_tick = time.monotonic()
         finally:
             publisher.close()
+
+    def set_publish_factor(self, factor: int) -> int:
+        """Publish `factor` frames per physics tick from now on (1: the nominal rate), evenly spread over the
+        tick, each with its own sequence number and sender stamp: a PLC whose publishing interval was set
+        shorter than its cycle floods the subscriber at `factor` times the nominal rate (fault injection)."""
+        if not 1 <= factor <= 100:
+            raise ValueError(f"publish factor must be 1..100, got {factor}")
+        self.publish_factor = int(factor)  # one int store: read by the publisher thread once per tick
+        return self.publish_factor
 
     def set_clock_offset_ms(self, offset_ms: float) -> int:
         """Make the PLC's clock jump: every frame sent from now on is stamped `offset_ms` later (earlier when

@@ -40,6 +40,7 @@ _ALERT_KINDS = {
     "rollback": ("update", "update.rollback"),
     "persisted_update": ("update", "update.persisted"),  # a persisted hot swap rejected at start (sitsd/persist.py)
     "tpm": ("signer", "signer.tpm"),
+    "prover": ("runtime", "runtime.prover"),  # proofs stalled (sitsd/prover.py watch); commands go on unproven
 }
 _DETAILED = {"timestamp", "constraint", "safety"}  # the text before ':' names the rule or reason
 

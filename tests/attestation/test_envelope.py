@@ -13,7 +13,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from attestation import cose
-from attestation.envelope import (ALG_ECDSA_P256_SHA256, CONTENT_TYPE, MAX_ENVELOPE_BYTES, Command,
+from attestation.envelope import (ALG_ECDSA_P256_SHA256, CONTENT_TYPE, DEFAULT_DEADLINE_GRACE_NS, DEFAULT_MAX_AGE_NS,
+                                  DEFAULT_MAX_FUTURE_NS, DEFAULT_MAX_VALIDITY_NS, MAX_ENVELOPE_BYTES, Command,
                                   EnvelopeVerifier, assemble, decode, key_id_of, to_be_signed)
 from attestation.errors import EnvelopeError
 from attestation.signers import SoftwareSigner
@@ -103,7 +104,8 @@ def test_signature_from_another_key_with_a_copied_kid_is_rejected():
 def test_stale_commands_are_rejected():
     now = 10**18
     clock = [now]
-    verifier = EnvelopeVerifier(SIGNER.public_key_pem(), MODEL, max_age_ns=5_000_000, clock=lambda: clock[0])
+    verifier = EnvelopeVerifier(SIGNER.public_key_pem(), MODEL, max_age_ns=5_000_000, clock=lambda: clock[0],
+                                deadline_grace_ns=0)
     verifier.verify(SIGNER.sign_command(_cmd(1, now=now)))
     clock[0] = now + 8_000_001  # past the deadline of a command issued at `now`
     with pytest.raises(EnvelopeError, match="deadline passed") as exc:
@@ -136,12 +138,91 @@ def test_future_commands_long_validity_and_the_deadline_grace():
     assert v.last_sequence == 3
 
 
-def test_freshness_is_checked_only_when_asked_for():
-    old = _cmd(1, now=1_000)
-    assert EnvelopeVerifier(SIGNER.public_key_pem()).verify(SIGNER.sign_command(old)).command == old
-    with pytest.raises(EnvelopeError) as exc:  # the default clock is the wall clock
-        EnvelopeVerifier(SIGNER.public_key_pem(), max_age_ns=10**9).verify(SIGNER.sign_command(old))
+def test_a_default_verifier_refuses_a_held_back_command():
+    """The security finding: a command held back for minutes (by an attacker or a stuck network) must not be
+    accepted just because no newer one was. A verifier built with defaults checks freshness on the wall clock."""
+    verifier = EnvelopeVerifier(SIGNER.public_key_pem(), MODEL)
+    assert verifier.freshness and verifier.clock is time.time_ns
+    held_back = SIGNER.sign_command(_cmd(7, now=time.time_ns() - 300 * 10**9))  # issued 5 minutes ago
+    expired = r"command 7 expired \d+\.\d{3} ms ago \(deadline passed, 200 ms grace\)"
+    with pytest.raises(EnvelopeError, match=expired) as exc:
+        verifier.verify(held_back)
     assert exc.value.code == "stale"
+    assert verifier.last_sequence == -1  # refused: the replay window did not move
+    assert verifier.verify(SIGNER.sign_command(_cmd(8))).command.sequence == 8
+
+
+def test_default_freshness_bounds_on_an_injected_clock():
+    now = 10**18
+    clock = [now]
+    v = EnvelopeVerifier(SIGNER.public_key_pem(), MODEL, clock=lambda: clock[0])
+    assert (v.max_age_ns, v.deadline_grace_ns, v.max_future_ns, v.max_validity_ns) == (
+        DEFAULT_MAX_AGE_NS, DEFAULT_DEADLINE_GRACE_NS, DEFAULT_MAX_FUTURE_NS, DEFAULT_MAX_VALIDITY_NS)
+
+    def cmd(seq, issued, validity):
+        return SIGNER.sign_command(Command("t", (0.5,), seq, seq, issued, issued + validity, MODEL))
+
+    # within the deadline's 200 ms grace but issued more than 1 s ago: the age bound refuses it
+    too_old = r"issued 1100\.000 ms ago, more than the 1000 ms allowed \(held back"
+    with pytest.raises(EnvelopeError, match=too_old) as exc:
+        v.verify(cmd(1, now - 1_100_000_000, 1_000_000_000))
+    assert exc.value.code == "stale"
+    v.verify(cmd(2, now - DEFAULT_MAX_AGE_NS, DEFAULT_MAX_AGE_NS))  # exactly 1 s old, deadline now: accepted
+    v.verify(cmd(3, now - 8_000_000 - DEFAULT_DEADLINE_GRACE_NS, 8_000_000))  # exactly at the end of the grace
+    with pytest.raises(EnvelopeError, match="deadline passed") as exc:
+        v.verify(cmd(4, now - 8_000_001 - DEFAULT_DEADLINE_GRACE_NS, 8_000_000))
+    assert exc.value.code == "stale"
+    with pytest.raises(EnvelopeError, match="valid for 3600000.000 ms after it was issued, more than the 1000 ms"):
+        v.verify(cmd(5, now, 3600 * 10**9))  # a signer cannot hand out a command that stays valid for an hour
+    assert v.last_sequence == 3
+
+
+def test_a_default_verifier_refuses_a_far_future_command():
+    verifier = EnvelopeVerifier(SIGNER.public_key_pem(), MODEL)
+    future = SIGNER.sign_command(_cmd(1, now=time.time_ns() + 60 * 10**9))  # a signer clock 1 minute ahead
+    with pytest.raises(EnvelopeError, match=r"issued 5\d{4}\.\d{3} ms in the future \(more than 1000 ms\)") as exc:
+        verifier.verify(future)
+    assert exc.value.code == "stale"
+    assert verifier.last_sequence == -1
+
+
+def test_offline_verification_opts_out_of_freshness_explicitly():
+    """Old audit records, fuzz inputs and benchmark batches: freshness=False checks everything but time."""
+    old = _cmd(1, now=1_000)
+    offline = EnvelopeVerifier(SIGNER.public_key_pem(), MODEL, freshness=False)
+    assert offline.clock is None
+    assert offline.verify(SIGNER.sign_command(old)).command == old
+    assert offline.verify(SIGNER.sign_command(_cmd(2, now=time.time_ns() + 3600 * 10**9))).command.sequence == 2
+    with pytest.raises(EnvelopeError) as exc:  # the other checks still hold
+        offline.verify(SIGNER.sign_command(old))
+    assert exc.value.code == "replay"
+    with pytest.raises(EnvelopeError) as exc:
+        offline.verify(SIGNER.sign_command(_cmd(3, model=hashlib.sha256(b"other").digest(), now=1_000)))
+    assert exc.value.code == "model"
+    with pytest.raises(EnvelopeError) as exc:  # without the opt-out the same old envelope is stale
+        EnvelopeVerifier(SIGNER.public_key_pem(), MODEL).verify(SIGNER.sign_command(old))
+    assert exc.value.code == "stale"
+    # dropping the age bound alone is not an opt-out: the deadline is still checked on the wall clock
+    with pytest.raises(EnvelopeError) as exc:
+        EnvelopeVerifier(SIGNER.public_key_pem(), MODEL, max_age_ns=None).verify(SIGNER.sign_command(old))
+    assert exc.value.code == "stale"
+
+
+def test_contradictory_freshness_options_are_refused():
+    with pytest.raises(ValueError, match="freshness=False checks no time"):
+        EnvelopeVerifier(SIGNER.public_key_pem(), MODEL, freshness=False, clock=time.time_ns)
+    with pytest.raises(ValueError, match="deadline_grace_ns must not be negative"):
+        EnvelopeVerifier(SIGNER.public_key_pem(), MODEL, deadline_grace_ns=-1)
+
+
+def test_session_verifier_passes_the_default_freshness_through():
+    from attestation.session import SessionVerifier
+
+    ak = _pem(ec.generate_private_key(ec.SECP256R1()).public_key())
+    options = SessionVerifier(ak, MODEL)._envelope_options
+    assert options["freshness"] is True and options["max_age_ns"] == DEFAULT_MAX_AGE_NS
+    assert options["deadline_grace_ns"] == DEFAULT_DEADLINE_GRACE_NS
+    assert SessionVerifier(ak, MODEL, freshness=False)._envelope_options["freshness"] is False
 
 
 def test_es256_signatures_are_64_byte_r_s():
@@ -429,12 +510,24 @@ def test_the_plc_simulator_checks_freshness_by_default(tmp_path):
     """`sitsctl plcsim` (the demo's PLC) refuses a replayed old command even with a fresh sequence number."""
     from sitsd.plcsim import LazyVerifier, build_parser
 
+    from sitsd.plcsim import freshness_options
+
     args = build_parser().parse_args(["--trust-key", str(tmp_path / "k.pem")])
     assert args.max_age_ms == 1000.0 and args.deadline_grace_ms == 200.0
+    # the library's defaults are the simulator's: a PLC gateway built on EnvelopeVerifier() gets the same checks
+    assert freshness_options(args) == {
+        "max_age_ns": DEFAULT_MAX_AGE_NS, "deadline_grace_ns": DEFAULT_DEADLINE_GRACE_NS,
+        "max_future_ns": DEFAULT_MAX_FUTURE_NS, "max_validity_ns": DEFAULT_MAX_VALIDITY_NS}
     (tmp_path / "k.pem").write_bytes(SIGNER.public_key_pem())
-    ns = int(args.max_age_ms * 1e6)
-    verify = LazyVerifier(tmp_path / "k.pem", MODEL, {"max_age_ns": ns, "deadline_grace_ns": 200_000_000,
-                                                      "max_future_ns": ns, "max_validity_ns": ns})
+    verify = LazyVerifier(tmp_path / "k.pem", MODEL, freshness_options(args))
     assert verify(SIGNER.sign_command(_cmd(1)))[0] == 1
     with pytest.raises(EnvelopeError, match="deadline passed|more than the 1000 ms allowed"):
         verify(SIGNER.sign_command(_cmd(2, now=time.time_ns() - 2_000_000_000)))
+    # no options at all is the verifier's defaults: still fresh
+    with pytest.raises(EnvelopeError, match="deadline passed"):
+        LazyVerifier(tmp_path / "k.pem", MODEL)(SIGNER.sign_command(_cmd(3, now=time.time_ns() - 2_000_000_000)))
+    # --max-age-ms 0 is the explicit opt-out
+    off = build_parser().parse_args(["--trust-key", str(tmp_path / "k.pem"), "--max-age-ms", "0"])
+    assert freshness_options(off) == {"freshness": False}
+    assert LazyVerifier(tmp_path / "k.pem", MODEL, freshness_options(off))(
+        SIGNER.sign_command(_cmd(4, now=1_000)))[0] == 4

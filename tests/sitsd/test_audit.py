@@ -235,3 +235,78 @@ def test_retention_removes_old_segments_with_a_record_and_verify_accepts_only_th
     files[0].unlink()
     with pytest.raises(ValueError, match="no retention record"):
         verify_directory(tmp_path)
+
+
+# -- the durable watermark (status audit_durable) -------------------------------------------------
+
+def _on_disk(log) -> list[dict]:
+    return [json.loads(line) for line in log.path.read_text().splitlines()]
+
+
+def test_every_policy_makes_each_record_durable_before_the_next(tmp_path):
+    log = AuditLog(tmp_path, fsync="every")
+    try:
+        for seq in (10, 11, 12):
+            digest = log.append({"seq": seq, "outcome": "acknowledged"})
+            d = log.durability()
+            assert (d["records"], d["seq"], d["hash"], d["not_durable"]) == (seq - 9, seq, digest, 0)
+            assert d["at_ns"] is not None and d["policy"] == "every"
+            assert log.head_status() == {"records": seq - 9, "seq": seq, "hash": digest}
+        assert _on_disk(log)[-1]["hash"] == log.durability()["hash"]
+    finally:
+        log.close()
+
+
+def test_never_policy_says_so_and_counts_what_is_not_on_disk(tmp_path):
+    log = AuditLog(tmp_path, fsync="never")
+    try:
+        for seq in range(1, 6):
+            log.append({"seq": seq, "outcome": "acknowledged"})
+        d = log.durability()
+        assert d["policy"] == "never" and "no fsync per record" in d["promise"]
+        assert (d["records"], d["seq"], d["at_ns"]) == (0, None, None)  # nothing fsynced by this process yet
+        assert d["not_durable"] == 5 and d["head_records"] == 5 and d["head_seq"] == 5
+        with log.lock:  # an anchor record (audit.anchor tpm) is fsynced even under never: the mark moves
+            anchored = log.write_typed_locked({"type": "anchor_test"})
+        d = log.durability()
+        assert (d["records"], d["seq"], d["hash"], d["not_durable"]) == (5, 5, anchored, 0)
+        log.append({"seq": 6, "outcome": "acknowledged"})
+        assert log.durability()["not_durable"] == 1 and log.durability()["seq"] == 5
+    finally:
+        log.close()
+    d = log.durability()  # the close fsyncs the rest
+    assert (d["records"], d["seq"], d["not_durable"]) == (6, 6, 0)
+    assert d["hash"] == _on_disk(log)[-1]["hash"]
+
+
+def test_interval_policy_watermark_catches_up_with_the_head(tmp_path):
+    from ..conftest import wait_for
+
+    log = AuditLog(tmp_path, fsync="interval")
+    try:
+        for seq in range(1, 4):
+            log.append({"seq": seq, "outcome": "acknowledged"})
+        d = wait_for(lambda d: d["records"] == 3, 20, "the flusher to fsync the records", log.durability)
+        assert d["seq"] == 3 and d["not_durable"] == 0 and d["hash"] == log.head == _on_disk(log)[-1]["hash"]
+        assert d["records"] <= d["head_records"]
+    finally:
+        log.close()
+
+
+def test_rotation_keeps_the_watermark_on_the_last_record(tmp_path):
+    log = AuditLog(tmp_path, fsync="never", segment_max_mb=0.001)  # ~1 KB segments: rotation every few records
+    try:
+        _fill(log, 1, 20)
+        assert log.flush_housekeeping()
+        from sitsd.audit import audit_files, read_records
+
+        closed = [r for f in audit_files(tmp_path) if f.name != log.path.name for r in read_records(f)]
+        assert len(audit_files(tmp_path)) > 2 and closed
+        d = log.durability()
+        # each rotation fsynced the segment it closed: every record in a closed segment is durable, and those in
+        # the open one are counted as not yet on disk
+        assert d["records"] == len(closed) and d["seq"] == closed[-1]["seq"]
+        assert d["not_durable"] == 20 - len(closed) == len(read_records(log.path))
+    finally:
+        log.close()
+    assert log.durability()["records"] == 20

@@ -73,3 +73,76 @@ def test_disk_full_holds_commands_loses_no_acknowledged_record_and_recovers(plcs
     sim.stdin.flush()
     stats = json.loads(sim.stdout.readline())["stats"]
     assert stats["fallbacks"] >= 1 and stats["rejected"] == 0
+
+
+def _rss_mb(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def test_ten_times_the_nominal_rate_is_bounded_counted_without_memory_growth_and_recovers(plcsim, tmp_path):
+    """Fault injection: the PLC publishes at ten times the nominal rate for 12 s (10 frames per cycle). The
+    daemon's queues are bounded (commands it cannot write in time expire and are counted, what the gates refuse
+    is counted by reason), its memory does not grow during the flood, and when the flood stops the line goes
+    on with model (not fail-safe) commands the PLC accepts."""
+    import statistics
+
+    from sitsd.control import request
+    from sitsd.daemon import QUEUE_DEPTH
+
+    from ..conftest import sim_stats
+
+    audit, control = tmp_path / "audit", tmp_path / "c.sock"
+    endpoint, udp_url, sim = plcsim(audit / "signer.pub.pem")
+    log = tmp_path / "sitsd.log"
+    daemon = subprocess.Popen(sitsd_args(EXAMPLE_CONFIG, plc__endpoint=endpoint, transport__url=udp_url,
+                                         attestation__mode="software", plc__security="none", audit__directory=audit,
+                                         control__socket=control), stderr=open(log, "wb"), cwd=REPO)
+
+    def status():
+        return request(control, "status")
+
+    try:
+        wait_ready(daemon, log)
+        wait_for(lambda s: s["counters"]["commands"] > 200, 60, "commands before the flood", status)
+        before = status()["counters"]
+        sim.stdin.write("publish-factor 10\n")  # the PLC publishes ten frames per cycle: 1 kHz
+        sim.stdin.flush()
+        assert json.loads(sim.stdout.readline()) == {"publish_factor": 10}
+        t0 = time.monotonic()
+        samples = []  # (seconds into the flood, RSS MB)
+        while time.monotonic() - t0 < 12:
+            time.sleep(0.5)
+            samples.append((time.monotonic() - t0, _rss_mb(daemon.pid)))
+            assert daemon.poll() is None, log.read_text()[-2000:]
+        during = status()["counters"]
+        sim.stdin.write("publish-factor 1\n")
+        sim.stdin.flush()
+        assert json.loads(sim.stdout.readline()) == {"publish_factor": 1}
+        # the flood arrived: far more frames than the nominal 100 Hz would bring in 12 s
+        assert during["frames"] - before["frames"] > 5 * 12 * 100, (before, during)
+        # bounded: every command is written (the startup command too, which the loop did not submit), expired
+        # (queue full: the oldest dropped), or failed; at most the queue's depth, one write and the few handed
+        # over while status was being read are in flight
+        time.sleep(0.5)
+        settled = status()["counters"]
+        in_flight = settled["submitted"] - (settled["commands"] - 1) - settled["expired"] - settled["write_errors"]
+        assert 0 <= in_flight <= QUEUE_DEPTH + 4, settled
+        assert during["expired"] + during["dropped"] > before["expired"] + before["dropped"], (before, during)
+        # no growth: after the first 3 s (the second publisher's state and the allocator's warm-up), the
+        # median RSS of the last samples is within 10 MB of the median of the first ones
+        steady = [mb for t, mb in samples if t >= 3]
+        first, last = statistics.median(steady[:4]), statistics.median(steady[-4:])
+        assert last - first < 10, samples
+        # recovery: model commands the PLC accepts, after the flood
+        plc0 = sim_stats(sim)["accepted"]
+        after = status()["counters"]
+        wait_for(lambda s: s["counters"]["commands"] - s["counters"]["failsafe"]
+                 > after["commands"] - after["failsafe"] + 100, 60, "model commands after the flood", status)
+        assert sim_stats(sim)["accepted"] > plc0 + 50 and sim_stats(sim)["rejected"] == 0
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(60)
+    assert daemon.returncode == 0, log.read_text()[-2000:]

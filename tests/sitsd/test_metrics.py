@@ -196,6 +196,56 @@ def test_top_shows_the_numbers_of_the_running_daemon(running):
     assert "certified" not in text  # software signer: no certification line
 
 
+def test_status_and_metrics_show_the_durable_audit_watermark(running, capsys):
+    """What has reached the disk: the last fsynced record (audit.fsync interval here: at least once a second)
+    advances with the commands, never passes the head, and is a real record of the chain."""
+    import json
+
+    from sitsd.cli import main as sitsctl
+    from sitsd.control import request
+
+    from ..conftest import wait_for
+
+    daemon, _, port, cfg = running
+    status = lambda: request(cfg.control.socket, "status")  # noqa: E731
+    first = wait_for(lambda s: s["audit_durable"]["records"] >= 1, 30, "a first durable record", status)
+    dur, head = first["audit_durable"], first["audit_head"]
+    assert dur["policy"] == cfg.audit.fsync == "interval" and "once a second" in dur["promise"]
+    assert 1 <= dur["records"] <= head["records"] and dur["seq"] <= head["seq"]
+    assert dur["not_durable"] >= 0 and dur["at_ns"] > 0 and len(dur["hash"]) == 64
+    later = wait_for(lambda s: s["audit_durable"]["records"] > dur["records"], 30, "the durable record to advance",
+                     status)
+    dur2, head2 = later["audit_durable"], later["audit_head"]
+    assert dur2["seq"] > dur["seq"] and dur2["at_ns"] >= dur["at_ns"] and dur2["hash"] != dur["hash"]
+    assert dur2["records"] <= head2["records"] and dur2["seq"] <= head2["seq"]
+    assert head2["records"] >= dur2["records"] + dur2["not_durable"] >= dur2["records"]
+    on_disk = {}
+    for f in daemon.audit.directory.glob("commands-*.jsonl"):
+        for line in f.read_text().splitlines():
+            entry = json.loads(line)
+            on_disk[entry["hash"]] = entry["record"]
+    assert dur2["hash"] in on_disk  # the durable mark is a record of the chain ...
+    durable_seq = on_disk[dur2["hash"]].get("seq")  # ... the command it names (or an anchor after it)
+    assert durable_seq is None or durable_seq == dur2["seq"]
+
+    fam = scrape(port)
+    assert value(fam, "sitsd_audit_durable_records") >= dur2["records"]
+    assert value(fam, "sitsd_audit_durable_records") <= value(fam, "sitsd_audit_records")
+    assert value(fam, "sitsd_audit_not_durable_records", "", policy="interval") >= 0
+    assert value(fam, "sitsd_audit_last_fsync_timestamp_seconds", "") >= dur2["at_ns"] / 1e9 - 1e-6
+
+    capsys.readouterr()
+    assert sitsctl(["status", "--socket", str(cfg.control.socket)]) == 0
+    text = capsys.readouterr().out
+    shown = re.search(r"^  audit   head: (\d+) records \(seq (\d+)\), hash [0-9a-f]{16}…\n"
+                      r"          on disk: (\d+) records \(seq (\d+)\), hash [0-9a-f]{16}…, fsynced [\d.]+ s ago; "
+                      r"not yet on disk: (\d+) records \(audit.fsync interval: ", text, re.M)
+    assert shown, text
+    head_n, head_seq, disk_n, disk_seq, pending = map(int, shown.groups())
+    # one answer: the durable mark read before the head, so it never passes the head shown with it
+    assert dur2["records"] <= disk_n <= disk_n + pending <= head_n and dur2["seq"] <= disk_seq <= head_seq
+
+
 def test_top_shows_a_link_that_is_down_and_a_certification_that_ended():
     from sitsd.top import render
 

@@ -86,3 +86,78 @@ def test_proof_counters_in_status_metrics_and_top(plcsim, tmp_path):
     assert final["proved"] >= 2 and final["dropped"] > 0
     index = [json.loads(x) for x in (tmp_path / "proofs" / "index.jsonl").read_text().splitlines()]
     assert sum(e.get("status") == "ok" for e in index) == final["proved"]
+
+
+def test_a_stopped_prover_is_alerted_once_commands_go_on_and_proofs_resume(plcsim, tmp_path):
+    """Fault injection: the prover processes are stopped (SIGSTOP) under load. Commands never wait for proofs:
+    the PLC keeps accepting model commands, offers are dropped once the queue is full, one `prover` alert names
+    the stall; after SIGCONT proofs finish again, the stall clears, and every audited proof reference is either
+    proved or listed as dropped in the proof index."""
+    import os
+
+    from sitsd.audit import audit_files, read_records, verify_directory
+    from sitsd.control import request
+
+    from ..conftest import sim_stats, wait_for
+
+    def status():
+        return request(control, "status")
+
+    audit, control = tmp_path / "audit", tmp_path / "c.sock"
+    endpoint, udp_url, sim = plcsim(audit / "signer.pub.pem")
+    log = tmp_path / "sitsd.log"
+    daemon = subprocess.Popen(sitsd_args(EXAMPLE_CONFIG, plc__endpoint=endpoint, transport__url=udp_url,
+                                         attestation__mode="software", plc__security="none", audit__directory=audit,
+                                         control__socket=control, proof__policy="one_in_n", proof__n=N,
+                                         proof__workers=1, proof__queue=2, proof__stall_alert_s=2,
+                                         proof__directory=tmp_path / "proofs"),
+                              stderr=open(log, "wb"), cwd=REPO)
+    stopped: list[int] = []
+    try:
+        wait_ready(daemon, log)
+        proofs = wait_for(lambda s: s["proofs"]["proved"] >= 2, 120, "two proofs", status)["proofs"]
+        assert not proofs["stalled"] and proofs["stalls"] == 0
+        stopped = stopped_pids = list(proofs["worker_pids"])
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        at_stop = request(control, "status")
+        plc_at_stop = sim_stats(sim)["accepted"]
+        stalled = wait_for(lambda s: s["proofs"]["stalled"], 60, "the stall reported", status)
+        assert stalled["alerts"].get("prover") == 1, stalled["alerts"]
+        # the loop does not wait for the prover: the PLC keeps accepting commands, and offers are dropped
+        wait_for(lambda s: s["proofs"]["dropped"] > at_stop["proofs"]["dropped"] + 3, 60,
+                 "offers dropped while the prover is stopped", status)
+        wait_for(lambda st: st["accepted"] > plc_at_stop + 200, 60, "commands during the stall", lambda: sim_stats(sim))
+        assert request(control, "status")["alerts"].get("prover") == 1  # one alert per stall, not one per check
+        r = subprocess.run([sys.executable, "-m", "sitsd.cli", "status", "--socket", str(control)],
+                           capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert "STALLED (alert prover)" in r.stdout, r.stdout + r.stderr
+        proved_in_stall = request(control, "status")["proofs"]["proved"]
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        stopped = []
+        after = wait_for(lambda s: s["proofs"]["proved"] > proved_in_stall + 1 and not s["proofs"]["stalled"], 120,
+                         "proofs again after SIGCONT", status)["proofs"]
+        assert after["stalls"] == 1 and after["failed"] == 0
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(60)
+    assert daemon.returncode == 0, log.read_text()[-2000:]
+    lines = [json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")]
+    assert any(x.get("event") == "prover recovered" for x in lines)
+    (alert,) = [x for x in lines if x.get("event") == "alert" and x.get("kind") == "prover"]
+    assert "prover stalled" in alert["reason"] and str(stopped_pids[0]) in alert["reason"], alert
+    verify_directory(audit)  # raises AuditError naming the first bad record
+    records = [r for f in audit_files(audit) for r in read_records(f)]
+    index = {}
+    for line in (tmp_path / "proofs" / "index.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        if "id" in e:
+            index[e["id"]] = e["status"]
+    referenced = [r["proof"]["id"] for r in records if r.get("proof")]
+    assert len(referenced) >= 4
+    # each proof an audit record names was made, or the index says it was dropped (never a dangling reference)
+    assert all(index.get(pid) in ("ok", "dropped") for pid in referenced), \
+        [(pid, index.get(pid)) for pid in referenced if index.get(pid) not in ("ok", "dropped")]

@@ -1,0 +1,438 @@
+"""AK enrollment by credential activation (TPM 2.0 Part 1 "Credential Protection"; Part 3 TPM2_MakeCredential,
+TPM2_ActivateCredential): proof that the attestation key (AK) lives in the same TPM as the endorsement key (EK).
+
+Verifier side (pure Python, `cryptography` only, no TPM, no tpm2-pytss):
+
+- `parse_public(tpmt_public)` reads a marshalled TPMT_PUBLIC (RSA or ECC); `object_name` is its TPM Name,
+  nameAlg || H_nameAlg(TPMT_PUBLIC), computed here from the public area, never taken from the device.
+- `make_credential(ek_public, ak_name, secret)` encrypts `secret` to the EK, bound to the AK's Name:
+  a seed is shared with the EK (ECC: ephemeral ECDH + KDFe with label "IDENTITY"; RSA: OAEP with the EK's
+  nameAlg and label "IDENTITY\\0"), KDFa(seed, "STORAGE", ak_name) gives the AES-CFB key (zero IV) that
+  encrypts TPM2B_DIGEST(secret), KDFa(seed, "INTEGRITY") the HMAC key of the outer HMAC over
+  encIdentity || ak_name. Returns the contents of TPM2B_ID_OBJECT and TPM2B_ENCRYPTED_SECRET.
+
+Device side (tpm2-pytss ESAPI):
+
+- `ek_template(kind)` is the TCG EK Credential Profile default template (L-1 RSA 2048, L-2 ECC P-256);
+  `open_ek(esapi, kind)` yields the EK: the persistent one at 0x81010001 / 0x81010002 when it matches the
+  template, else a primary created from the template under the endorsement hierarchy (the same key every
+  time: primaries derive from the endorsement seed) and flushed on exit.
+- `activate_credential(esapi, ak, ek, blob, encrypted_secret)` returns the secret; the EK's authPolicy is
+  PolicySecret(TPM_RH_ENDORSEMENT), satisfied in a policy session that is always flushed.
+
+Only a TPM holding the EK private key (to recover the seed) and an object with exactly the AK's Name (the
+HMAC covers it) gets the secret back. That the EK is a genuine TPM's is a separate question: the EK
+certificate chain up to the TPM manufacturer's CA answers it (docs/enroll.md).
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import struct
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+try:  # CFB moved to `decrepit` in cryptography 47; TPM 2.0 parameter and credential encryption is AES-CFB
+    from cryptography.hazmat.decrepit.ciphers.modes import CFB
+except ImportError:  # pragma: no cover - older cryptography
+    from cryptography.hazmat.primitives.ciphers.modes import CFB
+
+from ..errors import AttestationError, TpmError
+
+# TPM_ALG_ID values (TPM 2.0 Part 2, table 9)
+ALG_RSA, ALG_SHA1, ALG_HMAC, ALG_AES, ALG_KEYEDHASH = 0x0001, 0x0004, 0x0005, 0x0006, 0x0008
+ALG_SHA256, ALG_SHA384, ALG_SHA512, ALG_NULL = 0x000B, 0x000C, 0x000D, 0x0010
+ALG_ECDAA, ALG_ECC, ALG_SYMCIPHER, ALG_CFB = 0x001A, 0x0023, 0x0025, 0x0043
+_HASHES = {ALG_SHA1: "sha1", ALG_SHA256: "sha256", ALG_SHA384: "sha384", ALG_SHA512: "sha512"}
+_CRYPTO_HASHES = {ALG_SHA1: hashes.SHA1, ALG_SHA256: hashes.SHA256, ALG_SHA384: hashes.SHA384,
+                  ALG_SHA512: hashes.SHA512}
+# TPM_ECC_CURVE -> (cryptography curve, coordinate bytes)
+_CURVES = {0x0003: (ec.SECP256R1, 32), 0x0004: (ec.SECP384R1, 48), 0x0005: (ec.SECP521R1, 66)}
+_CURVE_IDS = {"secp256r1": 0x0003, "secp384r1": 0x0004, "secp521r1": 0x0005}
+
+# TPMA_OBJECT bits (Part 2, table 31)
+FIXED_TPM, FIXED_PARENT, SENSITIVE_DATA_ORIGIN = 1 << 1, 1 << 4, 1 << 5
+USER_WITH_AUTH, ADMIN_WITH_POLICY, NO_DA = 1 << 6, 1 << 7, 1 << 10
+RESTRICTED, DECRYPT, SIGN_ENCRYPT = 1 << 16, 1 << 17, 1 << 18
+_ATTR_NAMES = {FIXED_TPM: "fixedTPM", FIXED_PARENT: "fixedParent", SENSITIVE_DATA_ORIGIN: "sensitiveDataOrigin",
+               RESTRICTED: "restricted", DECRYPT: "decrypt", SIGN_ENCRYPT: "sign"}
+
+# TCG EK Credential Profile 2.x, low range: authPolicy = PolicySecret(TPM_RH_ENDORSEMENT) with SHA-256
+EK_POLICY_SHA256 = bytes.fromhex("837197674484b3f81a90cc8d46a5d724fd52d76e06520b64f2a1da1b331469aa")
+EK_ATTRIBUTES = FIXED_TPM | FIXED_PARENT | SENSITIVE_DATA_ORIGIN | ADMIN_WITH_POLICY | RESTRICTED | DECRYPT
+EK_PERSISTENT = {"rsa": 0x81010001, "ecc": 0x81010002}  # TCG TPM v2.0 Provisioning Guidance
+EK_CERT_INDEX = {"rsa": 0x01C00002, "ecc": 0x01C0000A}
+AK_REQUIRED = FIXED_TPM | FIXED_PARENT | SENSITIVE_DATA_ORIGIN | RESTRICTED | SIGN_ENCRYPT
+
+LABEL_IDENTITY, LABEL_STORAGE, LABEL_INTEGRITY = b"IDENTITY\0", b"STORAGE\0", b"INTEGRITY\0"
+MAX_PUBLIC_BYTES = 1024  # an RSA 4096 TPMT_PUBLIC is < 600 bytes; bounds work on hostile input
+
+
+class EnrollError(AttestationError):
+    """Enrollment refused or failed. `code`: malformed (a structure does not parse), ak (not a usable
+    AK), ek (not an EK / does not match its certificate), certificate, integrity (the TPM refused the
+    credential: wrong AK, wrong TPM or tampered), secret (the device answered another secret), tpm."""
+
+    def __init__(self, reason: str, code: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+
+
+# --- TPMT_PUBLIC in pure Python ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PublicArea:
+    raw: bytes  # the marshalled TPMT_PUBLIC
+    type: int
+    name_alg: int
+    attributes: int
+    auth_policy: bytes
+    symmetric: tuple[int, int, int] | None  # (algorithm, keyBits, mode) or None for TPM_ALG_NULL
+    scheme: int
+    scheme_hash: int | None
+    rsa_bits: int = 0
+    rsa_exponent: int = 0
+    rsa_modulus: bytes = b""
+    curve: int = 0
+    kdf: int = ALG_NULL
+    x: bytes = b""
+    y: bytes = b""
+
+    @property
+    def kind(self) -> str:
+        return "rsa" if self.type == ALG_RSA else "ecc"
+
+    def name(self) -> bytes:
+        return object_name(self.raw)
+
+    def public_key(self):
+        """The key as a `cryptography` public key."""
+        if self.type == ALG_RSA:
+            n = int.from_bytes(self.rsa_modulus, "big")
+            return rsa.RSAPublicNumbers(self.rsa_exponent or 65537, n).public_key()  # exponent 0 means 2^16 + 1
+        curve, _ = _CURVES[self.curve]
+        try:
+            return ec.EllipticCurvePublicNumbers(int.from_bytes(self.x, "big"), int.from_bytes(self.y, "big"),
+                                                 curve()).public_key()
+        except ValueError as exc:
+            raise EnrollError(f"public area: the ECC point is not on the curve ({exc})", "malformed") from None
+
+    def public_key_pem(self) -> bytes:
+        return self.public_key().public_bytes(serialization.Encoding.PEM,
+                                              serialization.PublicFormat.SubjectPublicKeyInfo)
+
+    def public_key_der(self) -> bytes:
+        return self.public_key().public_bytes(serialization.Encoding.DER,
+                                              serialization.PublicFormat.SubjectPublicKeyInfo)
+
+    def attribute_names(self) -> str:
+        return "|".join(n for bit, n in _ATTR_NAMES.items() if self.attributes & bit) or "none"
+
+
+class _Reader:
+    def __init__(self, data: bytes, what: str) -> None:
+        self.data, self.pos, self.what = data, 0, what
+
+    def take(self, n: int) -> bytes:
+        if self.pos + n > len(self.data):
+            raise EnrollError(f"{self.what}: truncated at byte {self.pos} (needs {n} more): not a marshalled "
+                              "TPMT_PUBLIC", "malformed")
+        out = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return out
+
+    def u16(self) -> int:
+        return struct.unpack(">H", self.take(2))[0]
+
+    def u32(self) -> int:
+        return struct.unpack(">I", self.take(4))[0]
+
+    def tpm2b(self) -> bytes:
+        return self.take(self.u16())
+
+
+def parse_public(data: bytes, what: str = "public area") -> PublicArea:
+    """Parse a marshalled TPMT_PUBLIC of an RSA or ECC key (the whole of `data`); EnrollError if it is not one."""
+    data = bytes(data)
+    if not 0 < len(data) <= MAX_PUBLIC_BYTES:
+        raise EnrollError(f"{what}: {len(data)} bytes, a TPMT_PUBLIC has 1..{MAX_PUBLIC_BYTES}", "malformed")
+    r = _Reader(data, what)
+    kind, name_alg, attributes = r.u16(), r.u16(), r.u32()
+    if kind not in (ALG_RSA, ALG_ECC):
+        raise EnrollError(f"{what}: object type 0x{kind:04x} is neither RSA (0x0001) nor ECC (0x0023)", "malformed")
+    if name_alg not in _HASHES:
+        raise EnrollError(f"{what}: nameAlg 0x{name_alg:04x} is not SHA-1/256/384/512", "malformed")
+    auth_policy = r.tpm2b()
+    sym_alg = r.u16()
+    symmetric = None if sym_alg == ALG_NULL else (sym_alg, r.u16(), r.u16())
+    scheme = r.u16()
+    scheme_hash = None
+    if scheme != ALG_NULL:
+        scheme_hash = r.u16()
+        if scheme == ALG_ECDAA:
+            r.u16()  # count
+    fields: dict = {}
+    if kind == ALG_RSA:
+        fields["rsa_bits"], fields["rsa_exponent"] = r.u16(), r.u32()
+        fields["rsa_modulus"] = r.tpm2b()
+        if len(fields["rsa_modulus"]) * 8 != fields["rsa_bits"]:
+            raise EnrollError(f"{what}: RSA modulus has {len(fields['rsa_modulus'])} bytes for keyBits "
+                              f"{fields['rsa_bits']}", "malformed")
+    else:
+        fields["curve"] = r.u16()
+        if fields["curve"] not in _CURVES:
+            raise EnrollError(f"{what}: ECC curve 0x{fields['curve']:04x} is not NIST P-256/384/521", "malformed")
+        fields["kdf"] = r.u16()
+        if fields["kdf"] != ALG_NULL:
+            r.u16()
+        fields["x"], fields["y"] = r.tpm2b(), r.tpm2b()
+    if r.pos != len(data):
+        raise EnrollError(f"{what}: {len(data) - r.pos} bytes after the TPMT_PUBLIC", "malformed")
+    return PublicArea(data, kind, name_alg, attributes, auth_policy, symmetric, scheme, scheme_hash, **fields)
+
+
+def object_name(tpmt_public: bytes) -> bytes:
+    """The TPM Name of an object: nameAlg (2 bytes) || H_nameAlg(marshalled TPMT_PUBLIC)."""
+    tpmt_public = bytes(tpmt_public)
+    if len(tpmt_public) < 4:
+        raise EnrollError("public area too short to hold a nameAlg", "malformed")
+    name_alg = struct.unpack(">H", tpmt_public[2:4])[0]
+    if name_alg not in _HASHES:
+        raise EnrollError(f"public area nameAlg 0x{name_alg:04x} is not SHA-1/256/384/512", "malformed")
+    return tpmt_public[2:4] + hashlib.new(_HASHES[name_alg], tpmt_public).digest()
+
+
+# --- KDFs (TPM 2.0 Part 1, 11.4.10: SP 800-108 counter mode with HMAC; SP 800-56A concatenation) ------
+
+def _label(label: bytes) -> bytes:
+    """A KDF label is a NUL-terminated string: one 0x00 follows it, never two."""
+    return label if label.endswith(b"\0") else label + b"\0"
+
+
+def kdfa(hash_alg: int, key: bytes, label: bytes, context_u: bytes, context_v: bytes, bits: int) -> bytes:
+    name = _HASHES[hash_alg]
+    out, counter = b"", 0
+    while len(out) * 8 < bits:
+        counter += 1
+        msg = struct.pack(">I", counter) + _label(label) + context_u + context_v + struct.pack(">I", bits)
+        out += hmac.new(key, msg, name).digest()
+    return _truncate(out, bits)
+
+
+def kdfe(hash_alg: int, z: bytes, label: bytes, party_u: bytes, party_v: bytes, bits: int) -> bytes:
+    name = _HASHES[hash_alg]
+    out, counter = b"", 0
+    while len(out) * 8 < bits:
+        counter += 1
+        out += hashlib.new(name, struct.pack(">I", counter) + z + _label(label) + party_u + party_v).digest()
+    return _truncate(out, bits)
+
+
+def _truncate(out: bytes, bits: int) -> bytes:
+    out = bytearray(out[:(bits + 7) // 8])
+    if bits % 8:
+        out[0] &= (1 << bits % 8) - 1  # the TPM keeps the low-order bits of the first byte
+    return bytes(out)
+
+
+# --- verifier: MakeCredential --------------------------------------------------------------------
+
+def check_ek(ek: PublicArea) -> None:
+    """The EK must be a restricted decryption (storage) key bound to its TPM with a symmetric algorithm:
+    the key MakeCredential encrypts to. Anything else is refused with the reason."""
+    missing = [n for bit, n in _ATTR_NAMES.items()
+               if bit in (FIXED_TPM, FIXED_PARENT, RESTRICTED, DECRYPT) and not ek.attributes & bit]
+    if missing or ek.attributes & SIGN_ENCRYPT:
+        raise EnrollError(f"EK public area has attributes {ek.attribute_names()}: an EK is a restricted decryption "
+                          f"key with fixedTPM and fixedParent and without sign" +
+                          (f" (missing: {', '.join(missing)})" if missing else ""), "ek")
+    if ek.symmetric is None or ek.symmetric[0] != ALG_AES or ek.symmetric[2] != ALG_CFB \
+            or ek.symmetric[1] not in (128, 192, 256):
+        raise EnrollError("EK public area: symmetric algorithm is not AES-CFB (the TCG EK templates use "
+                          "AES-128-CFB or AES-256-CFB)", "ek")
+    if ek.name_alg not in (ALG_SHA256, ALG_SHA384, ALG_SHA512):
+        raise EnrollError("EK public area: nameAlg must be SHA-256/384/512", "ek")
+    if ek.type == ALG_ECC and ek.kdf != ALG_NULL:
+        raise EnrollError("EK public area: ECC kdf must be TPM_ALG_NULL (KDFe is implied)", "ek")
+
+
+def check_ak(ak: PublicArea) -> None:
+    """The AK must be a restricted signing key, fixedTPM and fixedParent (it cannot be duplicated out of the
+    TPM), its private part generated in the TPM: only such a key signs nothing but TPM-made attestations."""
+    problems = [f"not {n}" for bit, n in _ATTR_NAMES.items() if AK_REQUIRED & bit and not ak.attributes & bit]
+    if ak.attributes & DECRYPT:
+        problems.append("decrypt is set (an AK only signs)")
+    if problems:
+        raise EnrollError(f"AK refused: its attributes are {ak.attribute_names()}: {'; '.join(problems)}. An AK "
+                          "must be a restricted signing key with fixedTPM, fixedParent and sensitiveDataOrigin "
+                          "(sitsctl enroll uses the AK that TPM2_Quote signs with, attestation.ak_handle)", "ak")
+
+
+def make_credential(ek_public, ak_name: bytes, secret: bytes, *, rng=os.urandom) -> tuple[bytes, bytes]:
+    """TPM2_MakeCredential in software: (credential_blob, encrypted_secret), the contents of TPM2B_ID_OBJECT
+    and TPM2B_ENCRYPTED_SECRET that TPM2_ActivateCredential takes. `ek_public` is a marshalled TPMT_PUBLIC
+    or a PublicArea; `ak_name` the AK's Name (compute it with `object_name`); `secret` 1..digest-size bytes."""
+    ek = ek_public if isinstance(ek_public, PublicArea) else parse_public(ek_public, "EK public area")
+    check_ek(ek)
+    digest_size = hashlib.new(_HASHES[ek.name_alg]).digest_size
+    ak_name, secret = bytes(ak_name), bytes(secret)
+    if not 0 < len(secret) <= digest_size:
+        raise ValueError(f"credential secret is {len(secret)} bytes; the EK's nameAlg allows 1..{digest_size}")
+    if len(ak_name) < 2 or struct.unpack(">H", ak_name[:2])[0] not in _HASHES \
+            or len(ak_name) != 2 + hashlib.new(_HASHES[struct.unpack(">H", ak_name[:2])[0]]).digest_size:
+        raise ValueError("AK name must be nameAlg (2 bytes) || digest, as object_name returns")
+
+    # 1. a seed only the EK's private key recovers
+    if ek.type == ALG_RSA:
+        seed = rng(digest_size)
+        h = _CRYPTO_HASHES[ek.name_alg]()
+        encrypted_secret = ek.public_key().encrypt(
+            seed, padding.OAEP(mgf=padding.MGF1(algorithm=h), algorithm=h, label=LABEL_IDENTITY))
+    else:
+        curve, size = _CURVES[ek.curve]
+        ephemeral = ec.generate_private_key(curve())
+        z = ephemeral.exchange(ec.ECDH(), ek.public_key())  # x coordinate of d_e * Q_EK, field-size bytes
+        point = ephemeral.public_key().public_numbers()
+        ex, ey = point.x.to_bytes(size, "big"), point.y.to_bytes(size, "big")
+        seed = kdfe(ek.name_alg, z, LABEL_IDENTITY, ex, ek.x, digest_size * 8)
+        encrypted_secret = struct.pack(">H", size) + ex + struct.pack(">H", size) + ey  # TPMS_ECC_POINT
+
+    # 2. encIdentity: TPM2B_DIGEST(secret) under AES-CFB, key bound to the AK name, zero IV
+    sym_bits = ek.symmetric[1]
+    sym_key = kdfa(ek.name_alg, seed, LABEL_STORAGE, ak_name, b"", sym_bits)
+    plain = struct.pack(">H", len(secret)) + secret
+    enc = Cipher(algorithms.AES(sym_key), CFB(b"\0" * 16)).encryptor()
+    enc_identity = enc.update(plain) + enc.finalize()
+
+    # 3. outer integrity: HMAC(KDFa(seed, "INTEGRITY"), encIdentity || AK name)
+    hmac_key = kdfa(ek.name_alg, seed, LABEL_INTEGRITY, b"", b"", digest_size * 8)
+    outer = hmac.new(hmac_key, enc_identity + ak_name, _HASHES[ek.name_alg]).digest()
+    return struct.pack(">H", len(outer)) + outer + enc_identity, encrypted_secret
+
+
+def ek_matches_certificate(ek: PublicArea, cert_der: bytes) -> bool:
+    """Whether the X.509 EK certificate certifies exactly this EK public key."""
+    from cryptography import x509
+
+    cert = x509.load_der_x509_certificate(_trim_der(cert_der))
+    return cert.public_key().public_bytes(serialization.Encoding.DER,
+                                          serialization.PublicFormat.SubjectPublicKeyInfo) == ek.public_key_der()
+
+
+def _trim_der(der: bytes) -> bytes:
+    """NV indices may pad a certificate past its DER SEQUENCE."""
+    if len(der) > 4 and der[0] == 0x30 and der[1] == 0x82:
+        return der[:4 + int.from_bytes(der[2:4], "big")]
+    return der
+
+
+# --- device: the EK and ActivateCredential -------------------------------------------------------
+
+def ek_template(kind: str = "ecc") -> bytes:
+    """The TCG EK Credential Profile default template, marshalled TPMT_PUBLIC: L-1 (RSA 2048) or L-2 (ECC
+    NIST P-256), SHA-256, AES-128-CFB, authPolicy PolicySecret(TPM_RH_ENDORSEMENT), zero unique field."""
+    head = struct.pack(">HHI", ALG_RSA if kind == "rsa" else ALG_ECC, ALG_SHA256, EK_ATTRIBUTES)
+    head += struct.pack(">H", len(EK_POLICY_SHA256)) + EK_POLICY_SHA256
+    sym = struct.pack(">HHH", ALG_AES, 128, ALG_CFB)
+    if kind == "rsa":
+        return head + sym + struct.pack(">HHI", ALG_NULL, 2048, 0) + struct.pack(">H", 256) + b"\0" * 256
+    if kind == "ecc":
+        return head + sym + struct.pack(">HHH", ALG_NULL, 0x0003, ALG_NULL) + (struct.pack(">H", 32) + b"\0" * 32) * 2
+    raise ValueError(f"EK kind {kind!r}: use 'ecc' (P-256, template L-2) or 'rsa' (RSA 2048, template L-1)")
+
+
+def _same_template(area: PublicArea, template: PublicArea) -> bool:
+    """Equal but for the unique field (the public key)."""
+    strip = lambda p: (p.type, p.name_alg, p.attributes, p.auth_policy, p.symmetric, p.scheme, p.rsa_bits,
+                       p.rsa_exponent, p.curve, p.kdf)  # noqa: E731
+    return strip(area) == strip(template)
+
+
+def _tss():
+    from .signer import _tss as tss  # lazy: tpm2-pytss is only needed on the device side
+
+    return tss()
+
+
+def read_public(esapi, handle) -> bytes:
+    """An object's marshalled TPMT_PUBLIC."""
+    pub, _, _ = esapi.read_public(handle)
+    return bytes(pub.publicArea.marshal())
+
+
+@contextmanager
+def open_ek(esapi, kind: str = "ecc"):
+    """Yields (ESYS_TR, marshalled TPMT_PUBLIC) of the EK of `kind`. A persistent EK at the TCG handle is used
+    when its template is the default one; otherwise the EK is created as a primary under the endorsement
+    hierarchy (empty endorsement auth) and flushed when the block ends, whatever happens in it."""
+    t = _tss()
+    template_bytes = ek_template(kind)
+    template = parse_public(template_bytes, "EK template")
+    try:
+        persistent = esapi.tr_from_tpmpublic(EK_PERSISTENT[kind])
+    except t.TSS2_Exception:
+        persistent = None
+    if persistent is not None:
+        raw = read_public(esapi, persistent)
+        if _same_template(parse_public(raw, "persistent EK"), template):
+            yield persistent, raw
+            return
+        esapi.tr_close(persistent)  # another object at the EK handle: not the default EK, create our own
+    area, _ = t.TPMT_PUBLIC.unmarshal(template_bytes)
+    try:
+        handle, pub, *_ = esapi.create_primary(None, t.TPM2B_PUBLIC(publicArea=area), t.ESYS_TR.ENDORSEMENT)
+    except t.TSS2_Exception as exc:
+        raise TpmError(f"TPM2_CreatePrimary of the {kind.upper()} EK (TCG default template) under the endorsement "
+                       f"hierarchy failed: {exc}. A set endorsement password is not supported") from exc
+    try:
+        yield handle, bytes(pub.publicArea.marshal())
+    finally:
+        esapi.flush_context(handle)
+
+
+# TPM_RC values (format 1, without parameter/handle/session number) for the activation error messages
+_RC_INTEGRITY, _RC_VALUE, _RC_SIZE, _RC_ECC_POINT, _RC_POLICY_FAIL = 0x09F, 0x084, 0x095, 0x0A7, 0x09D
+
+
+def activate_credential(esapi, ak, ek, credential_blob: bytes, encrypted_secret: bytes) -> bytes:
+    """TPM2_ActivateCredential: the secret of a credential made for the AK (`ak`, an ESYS_TR; password
+    authorization, empty) and this TPM's EK (`ek`, an ESYS_TR; its PolicySecret(TPM_RH_ENDORSEMENT) is run in a
+    policy session flushed on return). Raises EnrollError code "integrity" when the TPM refuses the credential."""
+    t = _tss()
+    session = esapi.start_auth_session(t.ESYS_TR.NONE, t.ESYS_TR.NONE, t.TPM2_SE.POLICY,
+                                       t.TPMT_SYM_DEF(algorithm=t.TPM2_ALG.NULL), t.TPM2_ALG.SHA256)
+    try:
+        try:
+            esapi.policy_secret(t.ESYS_TR.ENDORSEMENT, session)
+        except t.TSS2_Exception as exc:
+            raise EnrollError(f"TPM2_PolicySecret(TPM_RH_ENDORSEMENT) for the EK's policy failed: {exc}. The "
+                              "endorsement hierarchy must be enabled with an empty password (a set endorsement "
+                              "password is not supported)", "tpm") from None
+        out = esapi.activate_credential(ak, ek, t.TPM2B_ID_OBJECT(bytes(credential_blob)),
+                                        t.TPM2B_ENCRYPTED_SECRET(bytes(encrypted_secret)),
+                                        session1=t.ESYS_TR.PASSWORD, session2=session)
+        return bytes(out)
+    except t.TSS2_Exception as exc:
+        error = exc.error & 0xFFF if exc.fmt1 else exc.rc & 0xFFF
+        if error == _RC_INTEGRITY:
+            raise EnrollError("TPM2_ActivateCredential: the credential's integrity HMAC does not verify: it was made "
+                              "for another AK name (not the AK given here), for another TPM's EK, or it was altered "
+                              "on the way. Ask the verifier for a new challenge for this device's enrollment request "
+                              f"({exc})", "integrity") from None
+        if error in (_RC_VALUE, _RC_SIZE, _RC_ECC_POINT):
+            raise EnrollError("TPM2_ActivateCredential: the EK cannot decrypt the encrypted secret: the challenge was "
+                              "made for another TPM's EK, another EK type (ecc/rsa), or it was altered. Ask the "
+                              f"verifier for a new challenge ({exc})", "integrity") from None
+        raise EnrollError(f"TPM2_ActivateCredential failed: {exc}", "tpm") from None
+    finally:
+        esapi.flush_context(session)
+
+
+def secret_matches(expected: bytes, answered: bytes) -> bool:
+    return hmac.compare_digest(bytes(expected), bytes(answered))

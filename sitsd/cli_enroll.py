@@ -1,0 +1,390 @@
+"""`sitsctl enroll`: prove to a verifier that the AK (attestation key) lives in the same TPM as the EK, by
+credential activation (attestation/tpm/enroll.py, docs/enroll.md). Four steps, two places:
+
+  device    sitsctl enroll -o request.json                               EK + EK certificate + AK public areas
+  verifier  sitsctl enroll --challenge request.json -o challenge.json    checks the AK, encrypts a secret to the
+                                                                         EK bound to the AK's Name (keeps it in
+                                                                         --pending, default enroll.pending.json)
+  device    sitsctl enroll --activate challenge.json -o response.json    TPM2_ActivateCredential
+  verifier  sitsctl enroll --verify response.json -o enrollment.json     compares; writes the enrollment record
+"""
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import json
+import os
+import secrets
+import sys
+from pathlib import Path
+
+REQUEST, CHALLENGE, PENDING, RESPONSE, RECORD = (f"sits-enroll-{k}/1" for k in
+                                                 ("request", "challenge", "pending", "response", "record"))
+DEFAULT_PENDING = Path("enroll.pending.json")
+
+
+class Fail(Exception):
+    """The step cannot run (exit 2): a missing file, bad JSON, an unreachable TPM."""
+
+
+class Refused(Exception):
+    """The step ran and the answer is no (exit 1): an unfit AK or EK, a failed activation, a wrong secret."""
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _unb64(doc: dict, field: str, where: Path) -> bytes:
+    value = doc.get(field)
+    try:
+        return base64.b64decode(value, validate=True)
+    except (TypeError, ValueError):
+        raise Fail(f"{where}: field {field!r} must be base64, got {str(value)[:40]!r}") from None
+
+
+def _read(path: Path, fmt: str) -> dict:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise Fail(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise Fail(f"{path} is not JSON: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("format") != fmt:
+        got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise Fail(f"{path} is not a {fmt} document (format {got!r}); did you pass the right file to this step?")
+    return doc
+
+
+def _write(doc: dict, output: Path | None, private: bool = False) -> None:
+    text = json.dumps(doc, indent=2) + "\n"
+    if output is None:
+        sys.stdout.write(text)
+        return
+    output = Path(output)
+    tmp = output.with_name(output.name + ".tmp")
+    tmp.unlink(missing_ok=True)  # O_CREAT keeps an old file's mode: start afresh for the 0600 secret
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, output)
+
+
+def _tpm_target(args) -> tuple[str, int]:
+    """The TCTI (--tcti / SITS_TCTI, else attestation.tcti of --config) and the AK handle (--ak-handle, else
+    attestation.ak_handle of --config, else 0x81000002)."""
+    from attestation.tpm.quote import AK_HANDLE
+
+    from .config import CLI_OVERRIDES
+
+    tcti, ak_handle = CLI_OVERRIDES.get("attestation.tcti"), args.ak_handle
+    if args.config is not None:
+        from .cli import parse_overrides
+        from .config import load_config
+
+        cfg = load_config(args.config, parse_overrides(args.set))
+        tcti = tcti or cfg.attestation.tcti
+        ak_handle = ak_handle if ak_handle is not None else cfg.attestation.ak_handle
+    if not tcti:
+        raise Fail("which TPM? give --tcti STRING (or SITS_TCTI), e.g. --tcti device:/dev/tpmrm0, or --config with "
+                   "attestation.tcti")
+    return tcti, AK_HANDLE if ak_handle is None else ak_handle
+
+
+def _open_tpm(tcti: str):
+    from attestation.tpm.signer import _tss
+
+    try:
+        return _tss().ESAPI(tcti)
+    except Exception as exc:
+        raise Fail(f"cannot open the TPM through TCTI {tcti!r}: {str(exc).strip() or type(exc).__name__} "
+                   "(with swtpm, stop sitsd first: it holds the only connection)") from None
+
+
+def _tss_exception():
+    from attestation.tpm.signer import _tss
+
+    return _tss().TSS2_Exception
+
+
+# --- device: the request ------------------------------------------------------------------------
+
+def _cmd_request(args) -> dict:
+    from attestation.errors import TpmError
+    from attestation.tpm import enroll as E
+    from attestation.tpm.ek import read_ek_certificates
+    from attestation.tpm.quote import load_or_create_ak
+
+    tcti, ak_handle = _tpm_target(args)
+    esapi = _open_tpm(tcti)
+    try:
+        ak, created = load_or_create_ak(esapi, ak_handle)
+        ak_public = E.read_public(esapi, ak)
+        with E.open_ek(esapi, args.ek) as (_ek, ek_public):
+            pass
+        wanted = f"0x{E.EK_CERT_INDEX[args.ek]:08x}"
+        certs = [c for c in read_ek_certificates(esapi) if c["index"] == wanted and c.get("der")]
+    except (TpmError, _tss_exception()) as exc:
+        raise Fail(f"TPM at {tcti!r}: {exc}") from None
+    finally:
+        esapi.close()
+    cert = E._trim_der(certs[0]["der"]) if certs else None
+    print(f"sitsctl enroll: AK 0x{ak_handle:08x} ({'created now' if created else 'existing'}), {args.ek.upper()} EK, "
+          f"EK certificate: {'yes' if cert else 'none in NV ' + wanted}", file=sys.stderr)
+    return {"format": REQUEST, "ek_kind": args.ek, "ek_public": _b64(ek_public),
+            "ek_certificate": _b64(cert) if cert else None, "ak_handle": f"0x{ak_handle:08x}",
+            "ak_public": _b64(ak_public),
+            "ak_public_pem": E.parse_public(ak_public).public_key_pem().decode()}
+
+
+# --- verifier: the challenge --------------------------------------------------------------------
+
+def _load_cas(paths: list[Path]):
+    from cryptography import x509
+
+    cas = []
+    for path in paths:
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise Fail(f"cannot read EK CA file {path}: {exc.strerror or exc}") from None
+        try:
+            pem = b"-----BEGIN" in data
+            cas += x509.load_pem_x509_certificates(data) if pem else [x509.load_der_x509_certificate(data)]
+        except ValueError as exc:
+            raise Fail(f"EK CA file {path} holds no X.509 certificate (PEM or DER): {exc}") from None
+    return cas
+
+
+def _check_ek_trust(args, ek, cert_der: bytes | None) -> str:
+    """How the EK is vouched for: 'certificate-chain' (its certificate was issued by an --ek-ca), 'pinned'
+    (--expect-ek), 'certificate-unchecked' or 'none' (the record says so)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    from attestation.tpm import enroll as E
+
+    if cert_der is not None:
+        try:
+            matches = E.ek_matches_certificate(ek, cert_der)
+        except ValueError as exc:
+            raise Refused(f"the request's EK certificate is not an X.509 certificate: {exc}") from None
+        if not matches:
+            raise Refused("the request's EK certificate certifies another key than the request's EK public area: "
+                          "refused (the device sent a certificate that is not its EK's)")
+    trust = "certificate-unchecked" if cert_der is not None else "none"
+    if args.expect_ek is not None:
+        try:
+            pinned = serialization.load_pem_public_key(Path(args.expect_ek).read_bytes())
+        except (OSError, ValueError) as exc:
+            raise Fail(f"--expect-ek {args.expect_ek}: not a readable PEM public key ({exc})") from None
+        if pinned.public_bytes(serialization.Encoding.DER,
+                               serialization.PublicFormat.SubjectPublicKeyInfo) != ek.public_key_der():
+            raise Refused(f"the request's EK is not the one in --expect-ek {args.expect_ek}: another TPM (or a "
+                          "replaced one) asks to enroll; refused")
+        trust = "pinned"
+    if args.ek_ca:
+        if cert_der is None:
+            raise Refused("--ek-ca given, but the request has no EK certificate (the TPM has none in NV for this EK "
+                          "type): cannot check the EK chain; try `sitsctl enroll --ek rsa` on the device, or "
+                          "pin the EK with --expect-ek")
+        cert = x509.load_der_x509_certificate(E._trim_der(cert_der))
+        for ca in _load_cas(args.ek_ca):
+            if ca.subject != cert.issuer:
+                continue
+            try:
+                cert.verify_directly_issued_by(ca)
+            except Exception:  # InvalidSignature, or a key type / algorithm it cannot check
+                continue
+            return "certificate-chain"
+        raise Refused(f"the EK certificate (issuer {cert.issuer.rfc4514_string() or '(empty)'}) was not issued by "
+                      f"any certificate in --ek-ca {' '.join(str(p) for p in args.ek_ca)}: refused. Add the TPM "
+                      "manufacturer's intermediate CA certificate")
+    return trust
+
+
+def _cmd_challenge(args) -> dict:
+    from attestation.tpm import enroll as E
+
+    req = _read(args.challenge, REQUEST)
+    ek_kind = req.get("ek_kind")
+    if ek_kind not in ("ecc", "rsa"):
+        raise Fail(f"{args.challenge}: ek_kind must be 'ecc' or 'rsa', got {ek_kind!r}")
+    ak_public, ek_public = _unb64(req, "ak_public", args.challenge), _unb64(req, "ek_public", args.challenge)
+    cert = _unb64(req, "ek_certificate", args.challenge) if req.get("ek_certificate") is not None else None
+    try:
+        ak = E.parse_public(ak_public, "AK public area")
+        E.check_ak(ak)
+        ek = E.parse_public(ek_public, "EK public area")
+        E.check_ek(ek)
+    except E.EnrollError as exc:
+        raise Refused(f"{args.challenge}: {exc}") from None
+    trust = _check_ek_trust(args, ek, cert)
+    ak_name = E.object_name(ak_public)  # computed here from the public area, never taken from the device
+    secret = secrets.token_bytes(32)
+    blob, encrypted = E.make_credential(ek, ak_name, secret)
+    challenge_id = secrets.token_hex(16)
+    pending = {"format": PENDING, "challenge_id": challenge_id, "secret": secret.hex(),
+               "created_at": _now(), "ek_trust": trust,
+               "request_sha256": hashlib.sha256(Path(args.challenge).read_bytes()).hexdigest(),
+               "ek_kind": ek_kind, "ek_public": _b64(ek_public), "ek_certificate": _b64(cert) if cert else None,
+               "ak_handle": req.get("ak_handle"), "ak_public": _b64(ak_public)}
+    _write(pending, args.pending, private=True)
+    print(f"sitsctl enroll: challenge {challenge_id} for AK name {ak_name.hex()} ({ek_kind.upper()} EK, EK trust: "
+          f"{trust}); the secret is kept in {args.pending}", file=sys.stderr)
+    return {"format": CHALLENGE, "challenge_id": challenge_id, "ek_kind": ek_kind, "ak_handle": req.get("ak_handle"),
+            "ak_name": ak_name.hex(), "credential_blob": _b64(blob), "encrypted_secret": _b64(encrypted)}
+
+
+# --- device: activation -------------------------------------------------------------------------
+
+def _cmd_activate(args) -> dict:
+    from attestation.errors import TpmError
+    from attestation.tpm import enroll as E
+    from attestation.tpm.quote import load_or_create_ak
+
+    ch = _read(args.activate, CHALLENGE)
+    if ch.get("ek_kind") not in ("ecc", "rsa"):
+        raise Fail(f"{args.activate}: ek_kind must be 'ecc' or 'rsa', got {ch.get('ek_kind')!r}")
+    blob, encrypted = _unb64(ch, "credential_blob", args.activate), _unb64(ch, "encrypted_secret", args.activate)
+    tcti, ak_handle = _tpm_target(args)
+    if args.ak_handle is None and args.config is None and ch.get("ak_handle"):
+        try:
+            ak_handle = int(str(ch["ak_handle"]), 0)
+        except ValueError:
+            raise Fail(f"{args.activate}: ak_handle {ch['ak_handle']!r} is not a handle like 0x81000002") from None
+    esapi = _open_tpm(tcti)
+    try:
+        ak, _ = load_or_create_ak(esapi, ak_handle)
+        name = E.object_name(E.read_public(esapi, ak))
+        if ch.get("ak_name") and ch["ak_name"] != name.hex():
+            raise Refused(f"the challenge was made for AK name {ch['ak_name']}, but the AK at 0x{ak_handle:08x} in "
+                          f"this TPM has name {name.hex()}: the AK changed since `sitsctl enroll` (or this is another "
+                          "device); run `sitsctl enroll` again and send the new request to the verifier")
+        with E.open_ek(esapi, ch["ek_kind"]) as (ek, _):
+            secret = E.activate_credential(esapi, ak, ek, blob, encrypted)
+    except E.EnrollError as exc:
+        raise (Fail if exc.code == "tpm" else Refused)(str(exc)) from None
+    except (TpmError, _tss_exception()) as exc:
+        raise Fail(f"TPM at {tcti!r}: {exc}") from None
+    finally:
+        esapi.close()
+    print(f"sitsctl enroll: credential activated for AK 0x{ak_handle:08x}", file=sys.stderr)
+    return {"format": RESPONSE, "challenge_id": ch.get("challenge_id"), "secret": secret.hex()}
+
+
+# --- verifier: verification and the record ------------------------------------------------------
+
+def _cmd_verify(args) -> dict:
+    from attestation.tpm import enroll as E
+
+    resp = _read(args.verify, RESPONSE)
+    pending = _read(args.pending, PENDING)
+    if resp.get("challenge_id") != pending.get("challenge_id"):
+        raise Refused(f"{args.verify} answers challenge {resp.get('challenge_id')}, but {args.pending} is waiting for "
+                      f"{pending.get('challenge_id')}: a response to another (older?) challenge; refused")
+    try:
+        answered = bytes.fromhex(str(resp.get("secret")))
+    except ValueError:
+        raise Fail(f"{args.verify}: secret must be hex") from None
+    try:
+        kept = bytes.fromhex(pending["secret"])
+        ak_public = base64.b64decode(pending["ak_public"])
+        ek_public = base64.b64decode(pending["ek_public"])
+        cert = base64.b64decode(pending["ek_certificate"]) if pending.get("ek_certificate") else None
+        ak, ek = E.parse_public(ak_public, "AK public area"), E.parse_public(ek_public, "EK public area")
+        pending["ek_kind"], pending["ek_trust"]
+    except (KeyError, ValueError, TypeError, E.EnrollError) as exc:
+        raise Fail(f"{args.pending} is damaged ({exc!r}): run `sitsctl enroll --challenge` again") from None
+    if not E.secret_matches(kept, answered):
+        raise Refused("the device answered another secret than the one encrypted to its EK: the AK and the EK are "
+                      "not proven to be in the same TPM; refused (no record written)")
+    record = {"format": RECORD, "enrolled_at": _now(), "challenge_id": pending["challenge_id"],
+              "ak_handle": pending.get("ak_handle"), "ak_name": ak.name().hex(),
+              "ak_public_pem": ak.public_key_pem().decode(), "ak_public": pending["ak_public"],
+              "ek_kind": pending["ek_kind"], "ek_public_sha256": hashlib.sha256(ek.public_key_der()).hexdigest(),
+              "ek_public_pem": ek.public_key_pem().decode(),
+              "ek_certificate_sha256": hashlib.sha256(cert).hexdigest() if cert else None,
+              "ek_trust": pending["ek_trust"], "request_sha256": pending.get("request_sha256")}
+    try:
+        os.unlink(args.pending)  # one challenge, one answer
+    except OSError:
+        pass
+    print(f"sitsctl enroll: OK: AK {ak.name().hex()[:20]}… is in the TPM of EK {record['ek_public_sha256'][:16]}… "
+          f"(EK trust: {record['ek_trust']})", file=sys.stderr)
+    return record
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _cmd_enroll(args) -> int:
+    step = (_cmd_challenge if args.challenge else _cmd_activate if args.activate
+            else _cmd_verify if args.verify else _cmd_request)
+    try:
+        doc = step(args)
+    except Refused as exc:
+        print(f"sitsctl enroll: REFUSED: {exc}", file=sys.stderr)
+        return 1
+    except Fail as exc:
+        print(f"sitsctl enroll: {exc}", file=sys.stderr)
+        return 2
+    _write(doc, args.output)
+    return 0
+
+
+def _handle(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a persistent handle like 0x81000002, got {text!r}") from None
+    if not 0x81000000 <= value <= 0x81FFFFFF:
+        raise argparse.ArgumentTypeError(f"{text} is not a persistent handle (0x81000000..0x81FFFFFF)")
+    return value
+
+
+def register(sub) -> None:
+    """Adds `enroll` to sitsctl's subcommands."""
+    import argparse
+
+    en = sub.add_parser(
+        "enroll", help="prove the AK is in the same TPM as the EK (credential activation): request, challenge, "
+        "activate, verify", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__ + """
+Without a step option it is the device's first step. The request carries the EK public area, the EK
+certificate when the TPM has one in NV, and the AK public area. The verifier refuses an AK that is not a
+restricted signing key with fixedTPM and fixedParent, computes the AK's Name itself, and keeps the secret
+in --pending (mode 0600; deleted once verified). The enrollment record binds the AK public key (PEM) to the
+EK public key and certificate hashes; give its ak_public_pem to the quote verifier instead of trusting an AK
+on first use. The TPM: --tcti STRING (or SITS_TCTI), else attestation.tcti of --config. Exit status: 0 done,
+1 refused (says why), 2 could not run. See docs/enroll.md.""")
+    step = en.add_mutually_exclusive_group()
+    step.add_argument("--challenge", type=Path, metavar="REQUEST.json",
+                      help="verifier: check a device's request and write the challenge (no TPM needed)")
+    step.add_argument("--activate", type=Path, metavar="CHALLENGE.json",
+                      help="device: activate the credential in the TPM and write the response")
+    step.add_argument("--verify", type=Path, metavar="RESPONSE.json",
+                      help="verifier: compare the response with the kept secret and write the enrollment record")
+    en.add_argument("-o", "--output", type=Path, default=None,
+                    help="where this step writes its JSON (default: stdout)")
+    en.add_argument("--pending", type=Path, default=DEFAULT_PENDING,
+                    help="verifier: the kept secret, written by --challenge, read by --verify "
+                    f"(default {DEFAULT_PENDING})")
+    en.add_argument("--ek", choices=("ecc", "rsa"), default="ecc",
+                    help="device request: the EK type, TCG default template ecc (P-256) or rsa (RSA 2048); "
+                    "default ecc")
+    en.add_argument("--ak-handle", type=_handle, default=None,
+                    help="device: the AK's persistent handle (default attestation.ak_handle of --config, or "
+                    "0x81000002); created when absent")
+    en.add_argument("--config", type=Path, default=None, help="device: sitsd config for attestation.tcti and ak_handle")
+    en.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a --config field")
+    en.add_argument("--ek-ca", type=Path, action="append", default=[], metavar="CA.pem",
+                    help="verifier --challenge: trusted EK issuer certificates (PEM bundle or DER; repeatable); the "
+                    "EK certificate must be issued by one of them")
+    en.add_argument("--expect-ek", type=Path, default=None, metavar="EK.pem",
+                    help="verifier --challenge: the EK public key recorded for this device (PEM); refuse any other")
+    en.set_defaults(func=_cmd_enroll)
