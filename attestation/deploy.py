@@ -55,8 +55,9 @@ def split_events(events: Sequence[tuple[str, str, str]]) -> tuple[list, list]:
 
 
 def measure(esapi, *, pcr: int, events: Sequence[tuple[str, str, str]], approval, authority, approval_sha256: str,
-            approval_name: str, key_handle: int, ak_handle: int, nonce: bytes, log_path: Path) -> dict:
-    """The TPM side of a deployment: provision the policy-bound device key and the AK when absent, reset
+            approval_name: str, device_key_handle: int, ak_handle: int, nonce: bytes, log_path: Path) -> dict:
+    """The TPM side of a deployment: provision the policy-bound device key (at `device_key_handle`,
+    attestation.device_key_handle: never tpm-direct's password key) and the AK when absent, reset
     `pcr`, measure, have the device key sign the challenge under the approval, measure the site part,
     quote. Returns the deployment record (not yet verified: call `verify_record`)."""
     from .measurement import MeasurementLog, TpmPcr
@@ -66,9 +67,9 @@ def measure(esapi, *, pcr: int, events: Sequence[tuple[str, str, str]], approval
     from .tpm.signer import _tss
 
     t = _tss()
-    step = f"provisioning the device key at 0x{key_handle:08x}"
+    step = f"provisioning the device key at 0x{device_key_handle:08x}"
     try:
-        key, key_created = load_or_create_policy_key(esapi, key_handle, authority)
+        key, key_created = load_or_create_policy_key(esapi, device_key_handle, authority)
         step = f"provisioning the attestation key at 0x{ak_handle:08x}"
         ak, ak_created = load_or_create_ak(esapi, ak_handle)
         step = f"resetting PCR {pcr} (only 16 and 23 are resettable at locality 0)"
@@ -95,7 +96,7 @@ def measure(esapi, *, pcr: int, events: Sequence[tuple[str, str, str]], approval
         raise DeployError(f"TPM: {step} failed: {exc}", "tpm") from exc
     return {
         "format": RECORD_FORMAT, "version": 1, "mode": "tpm2", "created_ns": time.time_ns(),
-        "device_id": f"TPM2:0x{key_handle:08x}", "key_handle": key_handle, "ak_handle": ak_handle,
+        "device_id": f"TPM2:0x{device_key_handle:08x}", "device_key_handle": device_key_handle, "ak_handle": ak_handle,
         "keys_created": [n for n, c in (("device key", key_created), ("attestation key", ak_created)) if c],
         "pcr": pcr, "initial": log.initial.hex(), "pcr_value": log.value.hex(),
         "events": [asdict(e) for e in log.events], "nonce": bytes(nonce).hex(),
@@ -204,9 +205,10 @@ def verify_record(record: dict, *, nonce: bytes, authority=None, ak_public_pem: 
         raise DeployError("the device key's signature over the deploy challenge does not verify", "device")
 
 
-def live_record(answer: dict, *, nonce: bytes, approval, key_handle: int) -> dict:
+def live_record(answer: dict, *, nonce: bytes, approval, device_key_handle: int) -> dict:
     """The record of a deployment a running daemon loaded (`deploy_verified`'s answer): its whole
-    measurement log since start, the quote over it, and `boot_events`, what the next start measures."""
+    measurement log since start, the quote over it, and `boot_events`, what the next start measures.
+    `device_key_handle` names the device (DeviceID), whichever key signs the daemon's commands."""
     from .measurement import MeasurementError, replay
 
     events = _events_of(answer)
@@ -218,7 +220,8 @@ def live_record(answer: dict, *, nonce: bytes, approval, key_handle: int) -> dic
         raise DeployError("the daemon's log does not end with the approval it was asked to measure", "event-log")
     mode = answer.get("mode")
     record = {"format": RECORD_FORMAT, "version": 1, "mode": mode, "live": True, "created_ns": time.time_ns(),
-              "device_id": f"TPM2:0x{key_handle:08x}" if mode == "tpm2" else "software", "key_handle": key_handle,
+              "device_id": f"TPM2:0x{device_key_handle:08x}" if mode == "tpm2" else "software",
+              "device_key_handle": device_key_handle,
               "pcr": answer["pcr"], "initial": answer["initial"], "pcr_value": value.hex(),
               "events": answer["events"], "boot_events": answer["boot_events"], "nonce": bytes(nonce).hex(),
               "approval": approval.to_json(), "model_sha256": approval.model_sha256, "ek_certificates": [],

@@ -16,7 +16,7 @@ model hash; `accept(credential, nonce)` checks the binding once and returns the
 
 Certification (optional, `attestation.certify_session`): at start, right after the model and modules
 are measured into the measurement PCR and before anything else is, `certify` has the
-PolicyAuthorize-bound device key (0x81000001, attestation.tpm.policy) sign
+PolicyAuthorize-bound device key (attestation.device_key_handle, 0x81000003; attestation.tpm.policy) sign
 SHA-256("sits-session-certify-v1" 0 || session key SPKI DER || approved PCR value). The TPM does
 that only while the PCR holds the state the authority approved: for an unapproved model or module
 the TPM refuses and there is no certified session key. A verifier given the device key
@@ -54,7 +54,7 @@ from .errors import AttestationError, EnvelopeError, TpmError
 from .tpm.quote import AK_HANDLE, PCR_COUNT, Quote, QuoteError, extend_pcr, load_or_create_ak, quote, verify_quote
 from .tpm.quote import ak_public_pem as _ak_public_pem
 from .tpm.quote import read_pcrs
-from .tpm.signer import DEFAULT_KEY_HANDLE, MODEL_PCR, _tss
+from .tpm.signer import DEFAULT_DEVICE_KEY_HANDLE, MODEL_PCR, _tss
 
 BINDING_LABEL = b"sits-session-v1"
 CERTIFY_LABEL = b"sits-session-certify-v1\0"
@@ -394,9 +394,9 @@ class _BoundedEsapi:
 class TpmSessionSigner:
     """Signs commands with an in-memory ECDSA P-256 session key bound to the TPM by one quote.
 
-    `key_handle` is the PolicyAuthorize-bound device key: used only by `certify` (never for
-    commands). `measure_model`, `certify` and `bind` use the TPM under a lock; `sign_command` never
-    does and needs no lock. `certification_active`, when set, says whether the certification still
+    `device_key_handle` is the PolicyAuthorize-bound device key (attestation.device_key_handle): used only
+    by `certify` (never for commands; tpm-session has no password key). `measure_model`, `certify` and
+    `bind` use the TPM under a lock; `sign_command` never does and needs no lock. `certification_active`, when set, says whether the certification still
     describes what runs (a hot swap away from the certified model ends it): `bind` leaves it out
     of the credential while it returns False.
 
@@ -411,17 +411,17 @@ class TpmSessionSigner:
     kind = "tpm-session"
     algorithm = ALG_ECDSA_P256_SHA256
 
-    def __init__(self, tcti: str, key_handle: int = DEFAULT_KEY_HANDLE, ak_handle: int = AK_HANDLE,
+    def __init__(self, tcti: str, device_key_handle: int = DEFAULT_DEVICE_KEY_HANDLE, ak_handle: int = AK_HANDLE,
                  pcr: int = MODEL_PCR, *, reset_pcr: bool = True) -> None:
         if not tcti:
             raise TpmError("no TCTI given; use device:/dev/tpmrm0 for the kernel resource manager "
                            "or swtpm:path=<socket> for swtpm (the library default is never used)")
-        if ak_handle == key_handle:
+        if ak_handle == device_key_handle:
             raise ValueError(f"AK handle 0x{ak_handle:08x} must differ from the device key handle")
         if type(pcr) is not int or not 0 <= pcr < PCR_COUNT:
             raise ValueError(f"PCR must be in 0..{PCR_COUNT - 1}, got {pcr!r}")
         t = _tss()
-        self.tcti, self.key_handle, self.ak_handle, self.pcr = tcti, key_handle, ak_handle, pcr
+        self.tcti, self.device_key_handle, self.ak_handle, self.pcr = tcti, device_key_handle, ak_handle, pcr
         self._lock = _TpmLock(f"the TPM at {tcti!r}", 2 * TPM_CALL_TIMEOUT_S + 1.0)
         self._worker = _TpmWorker(tcti)
         self._esapi = None
@@ -538,8 +538,8 @@ class TpmSessionSigner:
         self.unbound_reason = reason
 
     def certify(self, approval, authority) -> Certification:
-        """Have the policy-bound device key at `key_handle` (created when absent, bound to `authority`) sign
-        this session key under `approval`. The TPM checks the approval's PCR state against the PCR's current
+        """Have the policy-bound device key at `device_key_handle` (created when absent, bound to `authority`)
+        sign this session key under `approval`. The TPM checks the approval's PCR state against the PCR's current
         value: PolicyError(code "refused") when the measured model or modules are not the approved ones.
         Call it right after the approved measurements (model, modules) and before any other."""
         from .tpm.policy import PolicyError, key_public_pem, load_or_create_policy_key, policy_sign
@@ -548,9 +548,9 @@ class TpmSessionSigner:
         digest = certification_digest(self._session_public_pem, approved)
         with self._lock:
             esapi = self._open_esapi()
-            step = f"provisioning the policy-bound device key at 0x{self.key_handle:08x}"
+            step = f"provisioning the policy-bound device key at 0x{self.device_key_handle:08x}"
             try:
-                key, self.device_key_created = load_or_create_policy_key(esapi, self.key_handle, authority)
+                key, self.device_key_created = load_or_create_policy_key(esapi, self.device_key_handle, authority)
                 step = "reading the device key's public part"
                 device_pem = key_public_pem(esapi, key)
                 step = "TPM2_Sign under the approval's policy"
@@ -718,7 +718,7 @@ class SessionVerifier:
     """Trusts one device (its AK public key) running one model. `accept` checks a session credential
     against the nonce this verifier sent and returns the EnvelopeVerifier for that session's commands.
 
-    With `trusted_device_key_pem` (the device's PolicyAuthorize-bound key, 0x81000001) only a session key
+    With `trusted_device_key_pem` (the device's PolicyAuthorize-bound key, device_key_handle) only a session key
     that key certified is accepted, i.e. one the TPM certified while the measured model and modules were
     some approved ones. Pin which: `approval` with its `authority` (the approval is verified here and must
     approve `expected_model_sha256`; its modules are then the only ones accepted), or `approved_pcr_value`.

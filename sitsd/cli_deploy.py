@@ -157,12 +157,9 @@ def _deploy(args) -> dict:
     mode = args.attestation_mode or a.mode
     if mode == "none" and args.verify_on_boot:
         raise Fail("--verify-on-boot true needs a measured deployment: --attestation-mode tpm2 (or software)")
-    if mode == "tpm2" and a.signing == "tpm-direct":
-        raise Fail(f"attestation.signing tpm-direct signs every command with the key at 0x{a.key_handle:08x} by "
-                   "password, which a policy-bound device key refuses: use signing: tpm-session for measured "
-                   "deployment")
-    if a.key_handle == a.ak_handle:
-        raise Fail("attestation.key_handle and attestation.ak_handle must differ")
+    # any signing mode: the deployment's device key (attestation.device_key_handle) is policy-bound and signs
+    # only the deploy challenge; tpm-direct's password key (key_handle) is another object at another handle, and
+    # the config's validation keeps key_handle, ak_handle and device_key_handle apart
 
     approval_path = Path(args.approval).resolve() if args.approval else a.approval
     authority_path = Path(args.authority_pub).resolve() if args.authority_pub else a.authority_key
@@ -287,7 +284,8 @@ def _measure_tpm(cfg, events, approval, authority, approval_sha, approval_path, 
         raise Fail(f"TPM: cannot open TCTI {a.tcti!r}: {_first_line(exc)}") from None
     try:
         return measure(esapi, pcr=a.measurement_pcr, events=events, approval=approval, authority=authority,
-                       approval_sha256=approval_sha, approval_name=approval_path.name, key_handle=a.key_handle,
+                       approval_sha256=approval_sha, approval_name=approval_path.name,
+                       device_key_handle=a.device_key_handle,
                        ak_handle=a.ak_handle, nonce=nonce, log_path=log_path)
     finally:
         esapi.close()
@@ -362,7 +360,8 @@ def _deploy_live(args, cfg, mode, status, approval, authority, approval_name, ap
             except DeployError:
                 trusted = None
         try:
-            record = live_record(answer, nonce=nonce, approval=approval, key_handle=cfg.attestation.key_handle)
+            record = live_record(answer, nonce=nonce, approval=approval,
+                                 device_key_handle=cfg.attestation.device_key_handle)
             verify_record(record, nonce=nonce, authority=authority,
                           ak_public_pem=trusted.encode() if trusted else None)
         except DeployError as exc:

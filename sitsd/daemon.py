@@ -63,13 +63,15 @@ def make_signer(cfg: Config):
     if cfg.attestation.mode == "software":
         return SoftwareSigner()
     from attestation.session import TpmSessionSigner
-    from attestation.tpm import TpmSigner
+    from attestation.tpm import TpmSigner, WrongKeyError
 
     a = cfg.attestation
     try:
-        if a.signing == "tpm-session":
-            return TpmSessionSigner(a.tcti, a.key_handle, a.ak_handle)
-        return TpmSigner(a.tcti, a.key_handle)
+        if a.signing == "tpm-session":  # its device key (certify_session) is the policy-bound one
+            return TpmSessionSigner(a.tcti, a.device_key_handle, a.ak_handle)
+        return TpmSigner(a.tcti, a.key_handle)  # the password signing key
+    except WrongKeyError as exc:  # the TPM answers; the key at key_handle is the wrong kind (its own fix)
+        raise StartupError(str(exc)) from exc
     except AttestationError as exc:
         raise StartupError(f"{exc}\n  fix: check attestation.tcti, that the daemon user may open the TPM "
                            f"(group tss), or set attestation.mode: software for development") from exc
@@ -700,7 +702,7 @@ class Daemon:
                 if cert.device_public_pem != before:  # a new device key: the PLC trusts the one it enrolled
                     from attestation.errors import TpmError
 
-                    raise TpmError(f"the policy-bound device key at 0x{a.key_handle:08x} is not the one this session "
+                    raise TpmError(f"the policy-bound device key at 0x{a.device_key_handle:08x} is not the one this session "
                                    "was certified with (the TPM was cleared and the key created anew): the PLC trusts "
                                    "the enrolled one; re-provision and enrol the new device-policy.pub.pem")
                 done.append("certification")

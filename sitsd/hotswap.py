@@ -727,9 +727,9 @@ def certify_session(daemon, log) -> tuple:
     fixes = {
         "refused": "approve this model and these modules (sitsctl policy approve --config FILE) and set "
                    "attestation.approval to it, or set attestation.certify_session: false (docs/deploy.md)",
-        "key": f"the key at attestation.key_handle 0x{a.key_handle:08x} belongs to another authority (or is a "
-               "tpm-direct key): re-provision it for attestation.authority_key (tpm2_evictcontrol, then sitsctl "
-               "deploy) or set key_handle to a free persistent handle",
+        "key": f"the key at attestation.device_key_handle 0x{a.device_key_handle:08x} belongs to another authority "
+               "(or is a password key like tpm-direct's): re-provision it for attestation.authority_key "
+               "(tpm2_evictcontrol, then sitsctl deploy) or set device_key_handle to a free persistent handle",
         "tpm": "check attestation.tcti and that the TPM is reachable and not in lockout (docs/deploy.md)"}
     default_fix = ("check attestation.approval and attestation.authority_key: the approval must be signed by that "
                    "authority for attestation.measurement_pcr (sitsctl policy approve)")
@@ -753,7 +753,7 @@ def certify_session(daemon, log) -> tuple:
     certified = stage_identity(st)
     signer.certification_active = lambda: stage_identity(daemon.loop.stage_set) == certified
     (Path(daemon.cfg.audit.directory) / POLICY_KEY_FILE).write_bytes(cert.device_public_pem)
-    daemon.log.info("session key certified by the TPM", device_key=f"0x{a.key_handle:08x}",
+    daemon.log.info("session key certified by the TPM", device_key=f"0x{a.device_key_handle:08x}",
                     approved_pcr_value=cert.approved_pcr_value.hex(), created=signer.device_key_created,
                     device_key_file=str(Path(daemon.cfg.audit.directory) / POLICY_KEY_FILE))
     return certified

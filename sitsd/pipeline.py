@@ -88,6 +88,7 @@ class ControlLoop:
         self.timings = timings
         self.counters = counters
         self.alerts = alerts
+        self._sign_alert: tuple[str, int] = ("", 0)  # the last `sign` alert's text and time (one per second)
         self.clock_policy = clock_policy
         self.loop_cpu = loop_cpu
         self.realtime_priority = realtime_priority
@@ -286,8 +287,11 @@ class ControlLoop:
         try:
             envelope = self.signer.sign_command(cmd)
         except Exception as exc:  # TPM gone, key refused: nothing unsigned ever leaves
-            c.sign_errors += 1
-            self.alerts.append((time.time_ns(), "sign", str(exc), frame.publisher_id, frame.sequence_number))
+            c.sign_errors += 1  # every refusal counted; the alert once a second per distinct cause, not per frame
+            text, now = str(exc), time.monotonic_ns()
+            if text != self._sign_alert[0] or now - self._sign_alert[1] >= 1_000_000_000:
+                self._sign_alert = (text, now)
+                self.alerts.append((time.time_ns(), "sign", text, frame.publisher_id, frame.sequence_number))
             return
         p1 = time.perf_counter_ns()
         self.timings.stages[row, _T["sign"]] = (p1 - p0) * 1e-3

@@ -403,9 +403,15 @@ class AttestationSection(_Section):
     mode: Literal["tpm2", "software"]
     signing: Literal["tpm-session", "tpm-direct"] = "tpm-session"
     tcti: str | None = None
-    key_handle: int = Field(default=0x81000001, ge=0x81000000, le=0x81FFFFFF)
+    key_handle: int = Field(default=0x81000001, ge=0x81000000, le=0x81FFFFFF,
+                            description="tpm-direct: the password (USERWITHAUTH) ECC P-256 key that signs every "
+                            "command by TPM2_Sign; created on first start when absent")
     ak_handle: int = Field(default=0x81000002, ge=0x81000000, le=0x81FFFFFF,
                            description="restricted attestation key that quotes the session key")
+    device_key_handle: int = Field(
+        default=0x81000003, ge=0x81000000, le=0x81FFFFFF,
+        description="the PolicyAuthorize-bound device key (no password use) that signs the deploy challenge "
+        "(sitsctl deploy) and certifies the session key (certify_session); created on first deploy when absent")
     measurement_pcr: int = Field(default=23, ge=0, le=23,
                                  description="PCR extended with every deployed model, module and config (hot swaps); "
                                  "16 or 23, the PCRs software may reset at locality 0: sitsd resets it at start")
@@ -416,8 +422,8 @@ class AttestationSection(_Section):
     authority_key: Path | None = Field(default=None, description="the authority's public key (PEM) approvals "
                                        "are checked against; keep its private key offline")
     certify_session: bool = Field(
-        default=False, description="tpm-session: at each start the PolicyAuthorize-bound device key (key_handle) "
-        "certifies the session key, which the TPM does only while the measured model and modules are the ones "
+        default=False, description="tpm-session: at each start the PolicyAuthorize-bound device key "
+        "(device_key_handle) certifies the session key, which the TPM does only while the measured model and modules are the ones "
         "`approval` approves; sitsd refuses to start otherwise. Needs approval and authority_key")
     require_signatures: Literal["off", "modules", "all"] = Field(
         default="off", description="which files need the authority's detached signature (FILE.sig, `sitsctl sign`) "
@@ -427,6 +433,20 @@ class AttestationSection(_Section):
     def _tcti(self):
         if self.mode == "tpm2" and not self.tcti:
             raise ValueError("mode tpm2 needs tcti: device:/dev/tpmrm0 for a real TPM, swtpm:path=<socket> for swtpm")
+        return self
+
+    @model_validator(mode="after")
+    def _handles_distinct(self):
+        # three different kinds of key: one persistent handle holds one object, and each refuses the others' use
+        roles = (("key_handle", self.key_handle, "the tpm-direct password signing key"),
+                 ("ak_handle", self.ak_handle, "the restricted attestation key"),
+                 ("device_key_handle", self.device_key_handle, "the PolicyAuthorize-bound device key"))
+        for i, (name_a, a, what_a) in enumerate(roles):
+            for name_b, b, what_b in roles[i + 1:]:
+                if a == b:
+                    raise ValueError(f"{name_a} and {name_b} are both 0x{a:08x}: {what_a} and {what_b} need "
+                                     f"persistent handles of their own; move one of them to a free handle (defaults: "
+                                     "key_handle 0x81000001, ak_handle 0x81000002, device_key_handle 0x81000003)")
         return self
 
     @model_validator(mode="after")
@@ -448,8 +468,6 @@ class AttestationSection(_Section):
         if self.approval is None or self.authority_key is None:
             raise ValueError("certify_session needs approval (sitsctl policy approve) and authority_key, the "
                              "authority's public key the device key is bound to")
-        if self.key_handle == self.ak_handle:
-            raise ValueError("certify_session: key_handle (the policy-bound device key) must differ from ak_handle")
         return self
 
     @model_validator(mode="after")

@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.utils import (Prehashed, decode_d
                                                              encode_dss_signature)
 
 from ..errors import AttestationError
-from .signer import _tss
+from .signer import DEFAULT_DEVICE_KEY_HANDLE, _tss  # noqa: F401 (re-exported)
 
 POLICY_REF = b"sits2026/deploy/v1"  # fixed in every device key's authPolicy
 APPROVAL_FORMAT = "sits-approval"
@@ -262,8 +262,9 @@ def load_or_create_policy_key(esapi, handle: int, authority):
             raise PolicyError(
                 f"the key at 0x{handle:08x} is not bound to authority {authority_id(authority)[:16]}… (authPolicy "
                 f"{have.hex()[:16] or 'empty'}…, attributes 0x{attrs:08x}): it was provisioned for another authority "
-                f"or for password use (tpm-direct). Evict it (tpm2_evictcontrol -C o -c 0x{handle:08x}) to "
-                "re-provision, or set attestation.key_handle to a free handle", "key")
+                f"or for password use (tpm-direct's key belongs at attestation.key_handle). Evict it "
+                f"(tpm2_evictcontrol -C o -c 0x{handle:08x}) to re-provision, or set attestation.device_key_handle "
+                "to a free handle", "key")
         return key, False
     a = t.TPMA_OBJECT
     attrs = a.FIXEDTPM | a.FIXEDPARENT | a.SENSITIVEDATAORIGIN | a.SIGN_ENCRYPT | a.NODA
@@ -354,7 +355,7 @@ def verify_device_signature(device_public_pem: bytes, digest: bytes, signature: 
         return False
 
 
-__all__ = ["POLICY_REF", "Approval", "PolicyError", "approve", "authority_id", "authority_name",
-           "generate_authority", "key_auth_policy", "key_public_pem", "load_authority_private", "load_authority_public",
-           "load_or_create_policy_key", "pcr_policy_digest", "policy_sign", "public_pem", "rc_words",
+__all__ = ["DEFAULT_DEVICE_KEY_HANDLE", "POLICY_REF", "Approval", "PolicyError", "approve", "authority_id",
+           "authority_name", "generate_authority", "key_auth_policy", "key_public_pem", "load_authority_private",
+           "load_authority_public", "load_or_create_policy_key", "pcr_policy_digest", "policy_sign", "public_pem", "rc_words",
            "verify_device_signature"]

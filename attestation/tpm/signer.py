@@ -1,8 +1,11 @@
 """Per-command ECDSA P-256 signing (COSE ES256) with a key that never leaves the TPM (TPM2_Sign).
 
-The device key is persisted at 0x81000001 (created on first use: a primary key under the
-owner hierarchy, NODA so unclean restarts never trip dictionary-attack lockout). One ESAPI
-context, used from one thread at a time (ESYS is not thread-safe): the loop thread.
+The signing key is persisted at attestation.key_handle, 0x81000001 by default (created on first use: a
+primary key under the owner hierarchy, used by password (USERWITHAUTH, empty authPolicy), NODA so unclean
+restarts never trip dictionary-attack lockout). A key found there is checked first: anything else (the
+PolicyAuthorize-bound device key of `sitsctl deploy`, which lives at attestation.device_key_handle, an AK,
+an RSA key) is refused at open, never used. One ESAPI context, used from one thread at a time (ESYS is not
+thread-safe): the loop thread.
 """
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ from ..cose import es256_signature
 from ..envelope import ALG_ECDSA_P256_SHA256, Command, assemble, key_id_of, to_be_signed
 from ..errors import TpmError
 
-DEFAULT_KEY_HANDLE = 0x81000001
+DEFAULT_KEY_HANDLE = 0x81000001  # tpm-direct: the password signing key (attestation.key_handle)
+DEFAULT_DEVICE_KEY_HANDLE = 0x81000003  # the PolicyAuthorize-bound device key (attestation.device_key_handle)
 MODEL_PCR = 16
 
 os.environ.setdefault("TSS2_LOG", "all+none")  # the C library's stderr noise; errors still raise
@@ -55,6 +59,71 @@ def reopen(owner, handle: int, min_interval_s: float) -> tuple | None:
     owner.reconnects += 1
     return esapi, obj
 
+class WrongKeyError(TpmError):
+    """The object at tpm-direct's key handle is not a password ECC P-256 signing key."""
+
+
+def describe_key(area) -> str:
+    """What a TPMT_PUBLIC is, in words: type, curve, scheme, attributes, authPolicy."""
+    t = _tss()
+    kind = str(t.TPM2_ALG(int(area.type))).upper()
+    if int(area.type) == int(t.TPM2_ALG.ECC):
+        ecc = area.parameters.eccDetail
+        kind += f" {str(t.TPM2_ECC(int(ecc.curveID))).upper()}, scheme {str(t.TPM2_ALG(int(ecc.scheme.scheme)))}"
+    attrs = str(t.TPMA_OBJECT(int(area.objectAttributes))) or "none"
+    policy = bytes(area.authPolicy)
+    return (f"{kind}, attributes {attrs}, authPolicy "
+            f"{policy.hex()[:16] + '…' if policy else 'empty'}")
+
+
+def password_signing_key_problems(area) -> list[str]:
+    """Why a TPMT_PUBLIC is not a key tpm-direct can sign with (ECDSA P-256 over an external digest, by
+    password, without dictionary-attack protection); empty when it is."""
+    t = _tss()
+    a = t.TPMA_OBJECT
+    attrs = int(area.objectAttributes)
+    problems = []
+    if int(area.type) != int(t.TPM2_ALG.ECC):
+        problems.append(f"not an ECC key ({str(t.TPM2_ALG(int(area.type))).upper()})")
+    else:
+        ecc = area.parameters.eccDetail
+        if int(ecc.curveID) != int(t.TPM2_ECC.NIST_P256):
+            problems.append(f"not on curve P-256 ({str(t.TPM2_ECC(int(ecc.curveID))).upper()})")
+        scheme = int(ecc.scheme.scheme)
+        if scheme == int(t.TPM2_ALG.ECDSA):
+            if int(ecc.scheme.details.ecdsa.hashAlg) != int(t.TPM2_ALG.SHA256):
+                problems.append("its ECDSA scheme is fixed to another hash than SHA-256")
+        elif scheme != int(t.TPM2_ALG.NULL):
+            problems.append(f"its scheme is {str(t.TPM2_ALG(scheme))}, not ECDSA")
+    if not attrs & int(a.SIGN_ENCRYPT):
+        problems.append("not a signing key (no SIGN_ENCRYPT)")
+    if attrs & int(a.RESTRICTED):
+        problems.append("restricted (an attestation key: it signs only TPM-generated data)")
+    if bytes(area.authPolicy):
+        problems.append("bound to a policy (authPolicy set)")
+    if not attrs & int(a.USERWITHAUTH):
+        problems.append("not usable by password (no USERWITHAUTH)")
+    if not attrs & int(a.NODA):
+        problems.append("dictionary-attack protected (no NODA: unclean restarts would lock the TPM out)")
+    return problems
+
+
+def wrong_key_message(handle: int, area, problems: list[str]) -> str:
+    """Refusal of the object at tpm-direct's `handle`: what is there, why it will not do, how to fix it."""
+    a = _tss().TPMA_OBJECT
+    attrs = int(area.objectAttributes)
+    policy_bound = bool(bytes(area.authPolicy)) and not attrs & int(a.USERWITHAUTH)
+    hint = ("; if it is the PolicyAuthorize-bound device key an earlier `sitsctl deploy` or certify_session "
+            f"provisioned there (and a PLC trusts), keep it instead: set attestation.device_key_handle: "
+            f"0x{handle:08x} and key_handle to a free handle" if policy_bound else "")
+    return (f"attestation.key_handle 0x{handle:08x}: tpm-direct signs every command by password with the key "
+            f"there, but that key is {'; '.join(problems)} (found: {describe_key(area)}); nothing was signed\n"
+            f"  fix: set attestation.key_handle to a free persistent handle (`tpm2_getcap handles-persistent` lists "
+            f"the used ones; sitsd creates its key there), or evict the key if nothing needs it (`tpm2_evictcontrol "
+            f"-C o -c 0x{handle:08x}`) and sitsd creates a new one at the next start (give the PLC its public key)"
+            f"{hint}")
+
+
 class TpmSigner:
     kind = "tpm"
     algorithm = ALG_ECDSA_P256_SHA256
@@ -76,7 +145,13 @@ class TpmSigner:
         try:
             self._key, self.created = self._load_or_create_key()
             pub, _, _ = self._esapi.read_public(self._key)
+            problems = password_signing_key_problems(pub.publicArea)
+            if problems:
+                raise WrongKeyError(wrong_key_message(key_handle, pub.publicArea, problems))
             self._public_pem = pub.to_pem()
+        except WrongKeyError:
+            self._esapi.close()
+            raise
         except Exception as exc:
             self._esapi.close()
             raise TpmError(f"TPM at {tcti!r}: cannot load or create the signing key at "

@@ -18,7 +18,7 @@ from attestation.tpm.policy import load_authority_public
 
 from ..conftest import DEMO_MODEL, EXAMPLE_CONFIG, REPO, sitsd_args, wait_ready
 
-OK = re.compile(r"^Verified: \[OK\] DeviceID=TPM2:0x81000001 \| ModelSHA256=([0-9a-f]{64}) \| PolicySig=valid$")
+OK = re.compile(r"^Verified: \[OK\] DeviceID=TPM2:0x81000003 \| ModelSHA256=([0-9a-f]{64}) \| PolicySig=valid$")
 
 
 def sitsctl(*args, env=None, timeout=120):
@@ -124,8 +124,8 @@ def test_the_acceptance_command_as_written_uses_the_committed_approval(tmp_path)
     ("pinned", "differs from model.sha256"),
     ("bad-config", "is invalid: timing.cycle_ms"),
     ("no-tpm", "TPM: cannot open TCTI"),
-    ("tpm-direct", "tpm-direct"),
-    ("foreign-key", "device key: the key at 0x81000001 is not bound to authority"),
+    ("foreign-key", "device key: the key at 0x81000003 is not bound to authority"),
+    ("handles-collide", "key_handle and device_key_handle are both 0x81000001"),
     ("certify-other-approval", "attestation.certify_session is on: sitsd certifies its session key with the "
                                "config's approval"),
 ])
@@ -155,12 +155,12 @@ def test_fail_paths_print_one_fail_line_and_exit_non_zero(swtpm, tmp_path, vendo
         extra = ["--set", "timing.cycle_ms=-1"]
     elif case == "no-tpm":
         tcti = f"swtpm:path={tmp_path}/absent.sock"
-    elif case == "tpm-direct":
-        extra = ["--set", "attestation.signing=tpm-direct"]
-    elif case == "foreign-key":  # a password key (tpm-direct's) already at the device key's handle
+    elif case == "foreign-key":  # a password key (tpm-direct's kind) already at the device key's handle
         from attestation.tpm import TpmSigner
 
-        TpmSigner(swtpm.tcti).close()
+        TpmSigner(swtpm.tcti, 0x81000003).close()
+    elif case == "handles-collide":  # the policy-bound device key asked for at tpm-direct's handle
+        extra = ["--set", "attestation.device_key_handle=0x81000001"]
     elif case == "certify-other-approval":  # the config's (committed) approval is not the one deployed
         extra = ["--set", "attestation.certify_session=true"]
     rc, out, _ = deploy_in_process(capsys, tmp_path, vendor, tcti, *extra)
@@ -367,7 +367,7 @@ def test_verify_on_boot_start_then_deploy_loads_into_the_running_daemon(plcsim, 
         assert request(tmp_path / "c.sock", "status")["model_sha256"] == hashlib.sha256(
             DEMO_MODEL.read_bytes()).hexdigest()  # refused before the daemon was asked: the old model runs
         rc, out, err = deploy_in_process(capsys, tmp_path, {**vendor, "approval": approval2}, swtpm.tcti, *at_model)
-        assert rc == 0 and out.strip() == (f"Verified: [OK] DeviceID=TPM2:0x81000001 | ModelSHA256={new_sha} | "
+        assert rc == 0 and out.strip() == (f"Verified: [OK] DeviceID=TPM2:0x81000003 | ModelSHA256={new_sha} | "
                                            "PolicySig=valid"), out + err
         assert "applied: model" in err
         assert request(tmp_path / "c.sock", "status")["model_sha256"] == new_sha
@@ -394,6 +394,86 @@ def test_verify_on_boot_start_then_deploy_loads_into_the_running_daemon(plcsim, 
         proc.wait(30)
 
 
+def persistent_keys(tcti) -> dict:
+    """{handle: (objectAttributes, authPolicy, public PEM)} of the persistent objects in the TPM."""
+    from tpm2_pytss import ESAPI, TPM2_CAP, TPM2_HT
+
+    esapi = ESAPI(tcti)
+    try:
+        _, data = esapi.get_capability(TPM2_CAP.HANDLES, TPM2_HT.PERSISTENT << 24, 16)
+        out = {}
+        for handle in [int(h) for h in data.data.handles]:
+            pub, _, _ = esapi.read_public(esapi.tr_from_tpmpublic(handle))
+            out[handle] = (int(pub.publicArea.objectAttributes), bytes(pub.publicArea.authPolicy), pub.to_pem())
+        return out
+    finally:
+        esapi.close()
+
+
+def test_tpm_direct_deploys_and_its_daemon_starts_on_the_same_tpm(plcsim, swtpm, tmp_path, vendor, capsys):
+    """A box that has run tpm-direct (its password key at key_handle 0x81000001) deploys without evicting
+    anything: the deployment's policy-bound device key goes to device_key_handle 0x81000003. Then sitsd starts
+    with signing tpm-direct and verify-on-boot on that TPM, signs with the password key the PLC trusts, and takes
+    a live deployment; both keys stay what they were."""
+    from tpm2_pytss import TPMA_OBJECT
+
+    from attestation.tpm import TpmSigner
+    from attestation.tpm.policy import key_auth_policy
+    from sitsd.control import request
+
+    signer = TpmSigner(swtpm.tcti)  # tpm-direct ran here before: its key is at 0x81000001
+    password_pem = signer.public_key_pem()
+    signer.close()
+    direct = ("--set", "attestation.signing=tpm-direct")
+    rc, out, err = deploy_in_process(capsys, tmp_path, vendor, swtpm.tcti, *direct)
+    assert rc == 0 and OK.match(out.strip()), out + err
+    record = staged(tmp_path)
+    assert record["device_id"] == "TPM2:0x81000003" and record["device_key_handle"] == 0x81000003
+    assert record["keys_created"] == ["device key", "attestation key"]  # the password key was not touched
+    verify_record(record, nonce=bytes.fromhex(record["nonce"]), authority=load_authority_public(vendor["pub"]))
+    keys = persistent_keys(swtpm.tcti)
+    assert sorted(keys) == [0x81000001, 0x81000002, 0x81000003]
+    attrs, policy, pem = keys[0x81000001]
+    assert attrs & TPMA_OBJECT.USERWITHAUTH and policy == b"" and pem == password_pem
+    attrs, policy, pem = keys[0x81000003]
+    assert not attrs & TPMA_OBJECT.USERWITHAUTH and policy == key_auth_policy(load_authority_public(vendor["pub"]))
+    assert pem.decode() == record["device_public_pem"] != password_pem.decode()
+
+    (tmp_path / "device.pem").write_bytes(password_pem)
+    endpoint, udp_url, sim = plcsim(tmp_path / "device.pem")  # the PLC trusts the tpm-direct key
+    log = tmp_path / "sitsd.log"
+    proc = subprocess.Popen(sitsd_args(EXAMPLE_CONFIG, plc__endpoint=endpoint, transport__url=udp_url,
+                                       attestation__tcti=swtpm.tcti, attestation__signing="tpm-direct",
+                                       plc__security="none", attestation__approval=vendor["approval"],
+                                       attestation__authority_key=vendor["pub"],
+                                       audit__directory=tmp_path / "audit", control__socket=tmp_path / "c.sock"),
+                            stderr=open(log, "wb"), cwd=REPO)
+    try:
+        wait_ready(proc, log)
+        text = log.read_text()
+        assert "deployment verified on boot" in text
+        assert text.index("deployment verified on boot") < text.index("PLC accepted the startup fail-safe command")
+        assert request(tmp_path / "c.sock", "status")["signer"] == "tpm"
+
+        rc, out, err = deploy_in_process(capsys, tmp_path, vendor, swtpm.tcti, *direct)  # live, into tpm-direct
+        assert rc == 0 and OK.match(out.strip()), out + err
+        assert "loaded into the running sitsd (applied: nothing, already running)" in err
+        record = staged(tmp_path)
+        assert record["live"] and record["device_id"] == "TPM2:0x81000003"
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        sim.stdin.write("stats\n")
+        sim.stdin.flush()
+        stats = json.loads(sim.stdout.readline())["stats"]
+        assert stats["accepted"] > 0 and stats["rejected"] == 0, stats  # signed by the password key at 0x81000001
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+    assert persistent_keys(swtpm.tcti) == keys  # neither key was replaced or evicted
+
+
 CLIENT = """
 import sys, hashlib
 from tpm2_pytss import ESAPI
@@ -401,7 +481,7 @@ from attestation.tpm.policy import Approval, load_authority_public, load_or_crea
 e = ESAPI(sys.argv[1])
 authority = load_authority_public(sys.argv[2])
 approval = Approval.load(sys.argv[3])
-key, _ = load_or_create_policy_key(e, 0x81000001, authority)
+key, _ = load_or_create_policy_key(e, 0x81000003, authority)
 from tpm2_pytss import ESYS_TR
 from attestation.measurement import event_digest
 from attestation.tpm.quote import extend_pcr

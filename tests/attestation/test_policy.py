@@ -16,7 +16,7 @@ from attestation.tpm.quote import extend_pcr, read_pcrs
 
 from ..conftest import REPO
 
-HANDLE = 0x81000001
+HANDLE = 0x81000003  # attestation.device_key_handle's default: never tpm-direct's key_handle
 V1 = [("model", "mill.onnx", hashlib.sha256(b"model v1").hexdigest()),
       ("module:pre", "pre_filter", hashlib.sha256(b"pre").hexdigest())]
 V2 = [("model", "mill.onnx", hashlib.sha256(b"model v2").hexdigest()), V1[1]]

@@ -311,11 +311,11 @@ def test_verify_quote_names_each_failure(swtpm):
 
 
 def test_an_unrestricted_key_is_never_used_as_ak(swtpm):
-    TpmSigner(swtpm.tcti).close()  # the per-command device key, at 0x81000001, can sign any digest
+    TpmSigner(swtpm.tcti).close()  # tpm-direct's password signing key, at 0x81000001, can sign any digest
     with pytest.raises(TpmError, match="not a restricted"):
-        TpmSessionSigner(swtpm.tcti, key_handle=0x81000009, ak_handle=0x81000001)
+        TpmSessionSigner(swtpm.tcti, device_key_handle=0x81000009, ak_handle=0x81000001)
     with pytest.raises(ValueError):
-        TpmSessionSigner(swtpm.tcti, ak_handle=0x81000001)  # the same handle as the device key
+        TpmSessionSigner(swtpm.tcti, ak_handle=0x81000003)  # the same handle as the policy-bound device key
 
 
 def test_bad_arguments(swtpm, tmp_path):

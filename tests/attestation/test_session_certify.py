@@ -93,7 +93,8 @@ def test_the_tpm_refuses_to_certify_for_a_tampered_model(swtpm, authority):
         from attestation.tpm.policy import key_public_pem, load_or_create_policy_key
 
         with signer._lock:
-            key, created = load_or_create_policy_key(signer._open_esapi(), signer.key_handle, authority.public_key())
+            key, created = load_or_create_policy_key(signer._open_esapi(), signer.device_key_handle,
+                                                     authority.public_key())
             device_pem = key_public_pem(signer._open_esapi(), key)
         assert not created  # certify made it before the TPM refused the policy
         assert refusal(signer, device_pem, cred, nonce).code == "uncertified"

@@ -21,7 +21,9 @@ def test_example_config_loads_into_typed_objects():
     cfg = load_config(EXAMPLE_CONFIG)
     assert cfg.signal_names[:2] == ["entry_thickness", "exit_thickness"]
     assert cfg.model.artifact == DEMO_MODEL  # resolved against the config's directory
-    assert cfg.attestation.key_handle == 0x81000001
+    assert cfg.attestation.key_handle == 0x81000001  # tpm-direct's password signing key
+    assert cfg.attestation.ak_handle == 0x81000002
+    assert cfg.attestation.device_key_handle == 0x81000003  # the policy-bound device key (deploy, certify)
     assert cfg.signals[0].unit == "mm"
     assert cfg.safety.actuators[0].failsafe == 0.0
 

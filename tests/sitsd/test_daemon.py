@@ -246,7 +246,8 @@ def test_tpm_lost_mid_run_then_back(plcsim, tmp_path):
         tpm.stop()  # the TPM goes away
         time.sleep(1.0)
         gone = request(control, "status")
-        assert gone["counters"]["sign_errors"] > 20 and gone["alerts"].get("sign", 0) > 20
+        # every refused command counted; the `sign` alert at most once a second per distinct error, not per frame
+        assert gone["counters"]["sign_errors"] > 20 and 1 <= gone["alerts"].get("sign", 0) <= 6, gone["alerts"]
         assert proc.poll() is None
         tpm = Swtpm(tmp_path / "tpm").start()  # ... and comes back with its state
         time.sleep(1.5)

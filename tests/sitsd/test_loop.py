@@ -159,3 +159,29 @@ def test_strict_actuator_turns_a_clamp_into_the_failsafe():
     env = verifier.verify(sent[-1].envelope)
     assert env.command.failsafe and env.command.values == (0.55,)
     assert loop.alerts[-1][1] == "safety" and "clamped to" in loop.alerts[-1][2]
+
+
+def test_a_signer_that_refuses_every_command_is_counted_each_time_and_alerted_once_a_second():
+    """Nothing unsigned leaves; every refusal is counted, but the `sign` alert comes once per distinct cause
+    (a TPM outage at 1 kHz must not bury every other alert)."""
+    from attestation.errors import TpmError
+
+    loop, sent, _ = build()
+
+    class Refusing:
+        public_key_pem = loop.signer.public_key_pem
+        key_id = loop.signer.key_id
+        text = "not signed: the session key is not bound to the TPM (TPM reset)"
+
+        def sign_command(self, cmd):
+            raise TpmError(self.text)
+
+    loop.signer = Refusing()
+    for seq in range(1, 51):
+        loop.step(frame(seq))
+    assert sent == [] and loop.counters.sign_errors == 50
+    signs = [a for a in loop.alerts if a[1] == "sign"]
+    assert len(signs) == 1 and "TPM reset" in signs[0][2]
+    Refusing.text = "TPM2_Sign failed: TPM unreachable"  # another cause: alerted at once
+    loop.step(frame(51))
+    assert [a[2] for a in loop.alerts if a[1] == "sign"][-1] == Refusing.text and loop.counters.sign_errors == 51
