@@ -274,7 +274,16 @@ def verify_boot(record: dict, log, authority=None, ak_handle: int | None = None)
         diff = next(((h, x) for h, x in zip(have, expected) if h != x), (have[len(expected):], expected[len(have):]))
         raise DeployError(f"what sitsd loaded differs from the verified deployment: loaded {diff[0]}, deployed "
                           f"{diff[1]}", "model")
+    if authority is None:
+        raise DeployError("verify-on-boot needs the authority's public key (attestation.authority_key): without it "
+                          "the record's approval cannot be checked, and a record anyone wrote would pass", "authority")
+    if not record.get("approval"):
+        raise DeployError("the deployment record carries no approval: it verifies nothing; deploy with the "
+                          "authority's approval (sitsctl deploy --approval)", "record")
     if record.get("mode") != "tpm2":
+        if log.tpm is not None:  # a software record would skip the quote: never for a daemon that has a TPM
+            raise DeployError(f"the deployment record was made in {record.get('mode')!r} mode, this daemon measures "
+                              "into a TPM: deploy again with --attestation-mode tpm2", "tpm")
         verify_record(record, nonce=nonce, authority=authority)
         return {"mode": record.get("mode"), "events": len(have)}
     if log.tpm is None:

@@ -12,7 +12,9 @@ Per-command TPM2_Sign costs ~0.5 ms on swtpm and tens of ms on a discrete TPM. I
 
 The PLC side (`SessionVerifier`) trusts only the AK public key (the device identity) and the
 model hash; `accept(credential, nonce)` checks the binding once and returns the
-`EnvelopeVerifier` for that session's commands.
+`EnvelopeVerifier` for that session's commands. It remembers earlier sessions (`SessionReplayState`):
+each nonce is good for one credential, a superseded session key is refused, and sequence numbers must
+rise across sessions, so neither a replayed credential nor an earlier session's key reopens old commands.
 
 Certification (optional, `attestation.certify_session`): at start, right after the model and modules
 are measured into the measurement PCR and before anything else is, `certify` has the
@@ -36,9 +38,8 @@ Credential CBOR (one canonical encoding; anything else is refused):
 from __future__ import annotations
 
 import hashlib
-import queue
 import threading
-import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -55,6 +56,7 @@ from .tpm.quote import AK_HANDLE, PCR_COUNT, Quote, QuoteError, extend_pcr, load
 from .tpm.quote import ak_public_pem as _ak_public_pem
 from .tpm.quote import read_pcrs
 from .tpm.signer import DEFAULT_DEVICE_KEY_HANDLE, MODEL_PCR, _tss
+from .tpm.worker import TPM_SETUP_TIMEOUT_S, BoundedEsapi, TpmLock, TpmWorker, call_in_thread  # noqa: F401 (re-export)
 
 BINDING_LABEL = b"sits-session-v1"
 CERTIFY_LABEL = b"sits-session-certify-v1\0"
@@ -72,7 +74,9 @@ _ZERO = b"\0" * 32
 class CredentialError(AttestationError):
     """A session credential is malformed or does not prove what it must. `reason` says what in words;
     `code` is one of: malformed, ak, pcr, nonce, binding, signature, magic, type, pcr-selection,
-    pcr-digest, pcr-value, model, key, uncertified, device-key, certification, approval."""
+    pcr-digest, pcr-value, model, key, uncertified, device-key, certification, approval, and, from the
+    verifier's memory of earlier sessions (SessionReplayState): nonce-used (a credential was already accepted for
+    this nonce: replayed), retired (the session key of an earlier session, superseded by a later one)."""
 
     def __init__(self, reason: str, code: str) -> None:
         super().__init__(reason)
@@ -240,153 +244,13 @@ def _field_key(fields: dict, key: int, what: str) -> bytes:
     return _pem(public_key)
 
 
-# --- bounded TPM access ----------------------------------------------------------------------
+# --- bounded TPM access (attestation/tpm/worker.py; the old private names stay importable from here) -------------
 
-TPM_CALL_TIMEOUT_S = 5.0  # one TPM command (a discrete TPM: tens of ms; a quote well under 1 s)
-TPM_SETUP_TIMEOUT_S = 60.0  # opening the TPM and creating the AK at first use (key generation can take seconds)
+_TpmLock, _TpmWorker, _BoundedEsapi = TpmLock, TpmWorker, BoundedEsapi
 
 
 class TpmIdentityLost(TpmError):
     """The TPM answers, but the attestation key the PLC trusts is not in it (cleared, or another TPM)."""
-
-
-class _TpmLock:
-    """The signer's lock, shared with the measurement log and the audit anchor: waits at most `timeout_s`
-    (every holder's TPM calls are bounded, so a longer wait means a TPM that hangs), then raises TpmError."""
-
-    def __init__(self, what: str, timeout_s: float) -> None:
-        self._lock = threading.Lock()
-        self.what, self.timeout_s = what, timeout_s
-
-    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        return self._lock.acquire(blocking, timeout)
-
-    def release(self) -> None:
-        self._lock.release()
-
-    def locked(self) -> bool:
-        return self._lock.locked()
-
-    def __enter__(self) -> "_TpmLock":
-        if not self._lock.acquire(timeout=self.timeout_s):
-            raise TpmError(f"{self.what}: busy for more than {self.timeout_s:.0f} s (another TPM command has not "
-                           "returned: the TPM hangs or is overloaded)")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._lock.release()
-
-
-class _TpmWorker:
-    """Runs every ESAPI call of one signer on one daemon thread (ESYS is not thread-safe anyway) and waits at most a
-    timeout for each. A TPM that hangs (a wedged /dev/tpmrm0, a frozen swtpm: the TCTI blocks without a timeout) then
-    costs its caller TpmError after the timeout instead of a thread blocked forever: such a thread, in asyncio's
-    default executor or holding the signer lock, kept SIGTERM from stopping the daemon. The stuck call stays on this
-    daemon thread (it does not hold up interpreter exit); while it has not returned, further calls fail at once."""
-
-    def __init__(self, where: str) -> None:
-        self.where = where
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._busy: tuple[str, float] | None = None  # (what, since) of the call in progress
-        self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
-        self.timeouts = 0
-
-    def call(self, what: str, fn, *args, timeout_s: float = TPM_CALL_TIMEOUT_S, **kwargs):
-        busy = self._busy
-        if busy is not None and time.monotonic() - busy[1] > timeout_s:
-            raise TpmError(f"TPM at {self.where!r} has not answered {busy[0]} for {time.monotonic() - busy[1]:.0f} s "
-                           f"(hung or overloaded); {what} not attempted")
-        self._ensure_thread()
-        job = [fn, args, kwargs, threading.Event(), None, None, False, what]  # ..., done, result, error, cancelled
-        self._jobs.put(job)
-        if not job[3].wait(timeout_s):
-            job[6] = True  # not started yet: never run it later (a late PCR extend would break the log)
-            self.timeouts += 1
-            raise TpmError(f"TPM at {self.where!r} did not answer {what} within {timeout_s:.0f} s (hung or overloaded)")
-        if job[5] is not None:
-            raise job[5]
-        return job[4]
-
-    def _ensure_thread(self) -> None:
-        with self._start_lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="tpm", daemon=True)
-                self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            fn, args, kwargs, done, _, _, cancelled, what = job
-            if cancelled:
-                continue
-            self._busy = (what, time.monotonic())
-            try:
-                job[4] = fn(*args, **kwargs)
-            except BaseException as exc:  # handed to the caller, who waits for it
-                job[5] = exc
-            finally:
-                self._busy = None
-                done.set()
-
-    @property
-    def hung(self) -> bool:
-        busy = self._busy
-        return busy is not None and time.monotonic() - busy[1] > TPM_CALL_TIMEOUT_S
-
-    def stop(self) -> None:
-        self._jobs.put(None)
-
-
-async def call_in_thread(fn, *args):
-    """`await fn(*args)` on a fresh daemon thread: for TPM work from asyncio. Unlike asyncio.to_thread (the default
-    executor, whose threads the interpreter joins at exit), a thread left behind by a hung TPM never holds up the
-    daemon's exit; cancelling the await abandons the thread and drops its result."""
-    import asyncio
-
-    loop = asyncio.get_running_loop()
-    future = loop.create_future()
-
-    def settle(result, error) -> None:
-        if not future.done():
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(result)
-
-    def run() -> None:
-        try:
-            result, error = fn(*args), None
-        except BaseException as exc:  # handed to the awaiting coroutine
-            result, error = None, exc
-        try:
-            loop.call_soon_threadsafe(settle, result, error)
-        except RuntimeError:  # the event loop is closed: nobody waits any more
-            pass
-
-    threading.Thread(target=run, name=f"tpm-{getattr(fn, '__name__', 'call')}", daemon=True).start()
-    return await future
-
-
-class _BoundedEsapi:
-    """The ESAPI context as the signer's users see it (`_open_esapi`): each method call runs on the signer's TPM
-    worker thread with a timeout. Non-callable attributes pass through."""
-
-    def __init__(self, worker: _TpmWorker, esapi) -> None:
-        self._worker, self._raw = worker, esapi
-
-    def __getattr__(self, name: str):
-        attr = getattr(self._raw, name)
-        if not callable(attr):
-            return attr
-        worker = self._worker
-
-        def call(*args, **kwargs):
-            return worker.call(f"TPM2 {name}", attr, *args, **kwargs)
-
-        return call
 
 
 # --- the daemon side -------------------------------------------------------------------------
@@ -422,7 +286,7 @@ class TpmSessionSigner:
             raise ValueError(f"PCR must be in 0..{PCR_COUNT - 1}, got {pcr!r}")
         t = _tss()
         self.tcti, self.device_key_handle, self.ak_handle, self.pcr = tcti, device_key_handle, ak_handle, pcr
-        self._lock = _TpmLock(f"the TPM at {tcti!r}", 2 * TPM_CALL_TIMEOUT_S + 1.0)
+        self._lock = _TpmLock(f"the TPM at {tcti!r}")  # 2 x TPM_CALL_TIMEOUT_S + 1 s, read at each wait
         self._worker = _TpmWorker(tcti)
         self._esapi = None
         try:
@@ -460,6 +324,7 @@ class TpmSessionSigner:
         self.reconnects = 0
         self.resets = 0  # TPM resets (or foreign PCR changes) seen by `probe`
         self.unbound_reason: str | None = None  # set while the TPM does not attest what the key signs for
+        self._bind_state = threading.Lock()  # unbind vs remeasure's commit (never held across a TPM call)
         self.certification: Certification | None = None
         self.certification_active: Callable[[], bool] | None = None
         self._key = ec.generate_private_key(ec.SECP256R1())
@@ -469,12 +334,7 @@ class TpmSessionSigner:
 
     def _abandon(self) -> None:
         esapi, self._esapi = self._esapi, None
-        if esapi is not None and not self._worker.hung:
-            try:
-                self._worker.call("closing the TPM context", esapi.close, timeout_s=1.0)
-            except Exception:  # closing is best effort
-                pass
-        self._worker.stop()
+        self._worker.abandon(esapi)
 
     def public_key_pem(self) -> bytes:
         """The session key: what each command's signature verifies with (after `SessionVerifier.accept`)."""
@@ -508,10 +368,12 @@ class TpmSessionSigner:
             self._measurements.append(model_sha256)
             return value
 
-    def remeasure(self, measurements: Sequence[bytes]) -> bytes:
+    def remeasure(self, measurements: Sequence[bytes], still_current: Callable[[], bool] | None = None) -> bytes:
         """After a TPM reset: reset the PCR, extend `measurements` (what runs now, measured by the caller, never the
         old list) and make them the session's; the key is bound again. Returns the PCR value. TpmError when the TPM
-        does not take it (the key stays unbound)."""
+        does not take it (the key stays unbound). `still_current`, when given, is asked right before the result is
+        committed, atomically with `unbind`: False (the caller gave up on this attempt meanwhile, and may have
+        unbound the key for it) leaves the key unbound and raises TpmError."""
         measurements = [bytes(m) for m in measurements]
         if not measurements or len(measurements) > MAX_MEASUREMENTS or any(len(m) != 32 for m in measurements):
             raise ValueError(f"remeasure needs 1..{MAX_MEASUREMENTS} SHA-256 digests")
@@ -529,13 +391,17 @@ class TpmSessionSigner:
             if value != replay_measurements(measurements):
                 raise TpmError(f"PCR {self.pcr} is {value.hex()[:16]}… after re-measuring, not the replay "
                                f"{replay_measurements(measurements).hex()[:16]}…: something else extends it meanwhile")
-            self._measurements, self._counts = measurements, counts
-            self.unbound_reason = None
+            with self._bind_state:
+                if still_current is not None and not still_current():
+                    raise TpmError("re-measurement abandoned (superseded or timed out): not committed")
+                self._measurements, self._counts = measurements, counts
+                self.unbound_reason = None
             return value
 
     def unbind(self, reason: str) -> None:
         """From now until `remeasure`: no command is signed and no credential made (the daemon's fail-safe)."""
-        self.unbound_reason = reason
+        with self._bind_state:
+            self.unbound_reason = reason
 
     def certify(self, approval, authority) -> Certification:
         """Have the policy-bound device key at `device_key_handle` (created when absent, bound to `authority`)
@@ -714,9 +580,64 @@ def _pem_of(public) -> bytes:
 
 # --- the PLC side ----------------------------------------------------------------------------
 
+MAX_REMEMBERED_SESSIONS = 1024  # session key ids and consumed nonces a SessionReplayState keeps (oldest dropped)
+
+
+class SessionReplayState:
+    """What a PLC remembers across sessions, so that a new session cannot reopen an earlier one:
+
+    - the sequence high-water mark: the highest command sequence any session accepted. Each session's
+      EnvelopeVerifier starts there, so a command at or below it is refused (`replay`) even after a new credential
+      (sitsd's sequence numbers rise across reconnects and restarts: they start above the microsecond clock);
+    - the nonces credentials were accepted for (a credential is usable once: `nonce-used`);
+    - the current session key, and the earlier ones it superseded (`retired`): a credential for an earlier daemon
+      run's key is refused. The current key may bind again (a reconnect, a TPM reset re-bind) with a fresh nonce;
+    - which accept is current: the EnvelopeVerifier of a superseded accept refuses every command (`superseded`).
+
+    At most `max_remembered` retired keys and consumed nonces are kept (the oldest are forgotten). One state is
+    shared by every SessionVerifier of one PLC (pass it as `replay_state`, e.g. when the verifier is rebuilt for a
+    re-provisioned device key). Thread-safe. It lives in memory: a PLC restart starts afresh, with a fresh nonce,
+    which no earlier credential was quoted for."""
+
+    def __init__(self, max_remembered: int = MAX_REMEMBERED_SESSIONS) -> None:
+        if max_remembered < 1:
+            raise ValueError(f"max_remembered must be at least 1, got {max_remembered}")
+        self.max_remembered = max_remembered
+        self.lock = threading.Lock()
+        self.sequence_high_water = -1
+        self.current_key_id: bytes | None = None
+        self.generation = 0  # bumped by every accept: only the newest session's commands are accepted
+        self._retired: OrderedDict[bytes, None] = OrderedDict()
+        self._nonces: OrderedDict[bytes, None] = OrderedDict()
+
+    def is_retired(self, key_id: bytes) -> bool:
+        with self.lock:
+            return key_id in self._retired
+
+    def _admit(self, key_id: bytes, nonce: bytes) -> int:
+        """Record an accepted credential (caller holds `lock` and has checked it); returns its generation."""
+        if self.current_key_id is not None and self.current_key_id != key_id:
+            self._remember(self._retired, self.current_key_id)
+        self.current_key_id = key_id
+        self._remember(self._nonces, nonce)
+        self.generation += 1
+        return self.generation
+
+    def _remember(self, seen: OrderedDict, item: bytes) -> None:
+        seen[item] = None
+        seen.move_to_end(item)
+        while len(seen) > self.max_remembered:
+            seen.popitem(last=False)
+
+
 class SessionVerifier:
     """Trusts one device (its AK public key) running one model. `accept` checks a session credential
     against the nonce this verifier sent and returns the EnvelopeVerifier for that session's commands.
+
+    Replay protection across sessions (`replay_state`, SessionReplayState; a fresh one unless given): a credential
+    is accepted once per nonce, so the PLC must issue a fresh nonce after every credential written to it (accepted or
+    refused); a session key superseded by a later one is refused; each session's commands must carry sequence numbers
+    above every sequence an earlier session accepted; accepting a credential ends the previous session.
 
     With `trusted_device_key_pem` (the device's PolicyAuthorize-bound key, device_key_handle) only a session key
     that key certified is accepted, i.e. one the TPM certified while the measured model and modules were
@@ -729,7 +650,8 @@ class SessionVerifier:
                  clock: Callable[[], int] | None = None, deadline_grace_ns: int = DEFAULT_DEADLINE_GRACE_NS,
                  max_future_ns: int | None = DEFAULT_MAX_FUTURE_NS,
                  max_validity_ns: int | None = DEFAULT_MAX_VALIDITY_NS, trusted_device_key_pem: bytes | None = None,
-                 approved_pcr_value: bytes | None = None, approval=None, authority=None) -> None:
+                 approved_pcr_value: bytes | None = None, approval=None, authority=None,
+                 replay_state: SessionReplayState | None = None) -> None:
         ak = serialization.load_pem_public_key(trusted_ak_public_pem)
         if not isinstance(ak, ec.EllipticCurvePublicKey) or ak.curve.name != "secp256r1":
             raise ValueError("trusted AK must be an ECDSA P-256 public key")
@@ -758,13 +680,16 @@ class SessionVerifier:
         if approved_pcr_value is not None and len(approved_pcr_value) != 32:
             raise ValueError("approved_pcr_value must be 32 bytes")
         self.approved_pcr_value = approved_pcr_value
+        self.replay_state = replay_state if replay_state is not None else SessionReplayState()
         # the session's EnvelopeVerifier: freshness on by default, as EnvelopeVerifier's (freshness=False: offline)
         self._envelope_options = {"freshness": freshness, "max_age_ns": max_age_ns, "clock": clock,
                                   "deadline_grace_ns": deadline_grace_ns,
                                   "max_future_ns": max_future_ns, "max_validity_ns": max_validity_ns}
 
-    def accept(self, credential_bytes: bytes, nonce: bytes) -> EnvelopeVerifier:
-        """Raises CredentialError naming the failed check; ValueError for a bad `nonce` argument."""
+    def accept(self, credential_bytes: bytes, nonce: bytes) -> SessionEnvelopeVerifier:
+        """Raises CredentialError naming the failed check; ValueError for a bad `nonce` argument. A credential is
+        accepted once per nonce (`nonce-used` after), never for a superseded session key (`retired`); the returned
+        verifier ends the previous session's and starts at the sequence high-water mark of every earlier one."""
         nonce = _check_nonce(nonce)
         cred = SessionCredential.from_cbor(credential_bytes)
         if _der(serialization.load_pem_public_key(cred.ak_public_pem)) != self._ak_der:
@@ -792,7 +717,25 @@ class SessionVerifier:
                                   f"PCR {cred.pcr} in this session", "model")
         if self._device_der is not None:
             self._check_certification(cred)
-        return EnvelopeVerifier(cred.session_public_pem, self.expected_model_sha256, **self._envelope_options)
+        session = SessionEnvelopeVerifier(cred.session_public_pem, self.expected_model_sha256,
+                                          **self._envelope_options)
+        state = self.replay_state
+        with state.lock:
+            if nonce in state._nonces:
+                raise CredentialError(f"a session credential was already accepted for nonce {nonce.hex()[:16]}…: "
+                                      "replayed (the PLC must issue a fresh nonce after every credential written to "
+                                      "it)", "nonce-used")
+            if session.key_id in state._retired:
+                raise CredentialError(f"session key {session.key_id.hex()} belongs to an earlier session that a later "
+                                      "session key superseded: an old session replayed (rolling back to it is refused)",
+                                      "retired")
+            session._join(state, state._admit(session.key_id, nonce))
+        return session
+
+    @property
+    def sequence_high_water(self) -> int:
+        """The highest command sequence any session of this verifier accepted (-1: none yet)."""
+        return self.replay_state.sequence_high_water
 
     def _check_certification(self, cred: SessionCredential) -> None:
         from .tpm.policy import verify_device_signature
@@ -814,3 +757,39 @@ class SessionVerifier:
         if not verify_device_signature(cert.device_public_pem, digest, cert.signature):
             raise CredentialError("the device key's certification does not verify for this session key (forged, or "
                                   "copied from another session)", "certification")
+
+
+class SessionEnvelopeVerifier(EnvelopeVerifier):
+    """The EnvelopeVerifier of one accepted session (SessionVerifier.accept): besides its own checks, it refuses every
+    command once a later credential was accepted (`superseded`), and a sequence at or below the highest any session
+    of the same SessionReplayState accepted (`replay`). Thread-safe per state (one lock)."""
+
+    _state: SessionReplayState | None = None
+    _generation = 0
+    _own_last = -1  # the highest sequence this session accepted itself
+
+    def _join(self, state: SessionReplayState, generation: int) -> None:
+        self._state, self._generation = state, generation
+        self.last_sequence = max(self.last_sequence, state.sequence_high_water)
+
+    def verify(self, data: bytes):
+        state = self._state
+        if state is None:
+            return super().verify(data)
+        with state.lock:
+            if self._generation != state.generation:
+                raise EnvelopeError(f"session of key {self.key_id.hex()} is over: a later session credential was "
+                                    "accepted, commands go through that session's verifier", "superseded")
+            floor = state.sequence_high_water
+            self.last_sequence = max(self.last_sequence, floor)
+            try:
+                env = super().verify(data)
+            except EnvelopeError as exc:
+                if exc.code == "replay" and floor > self._own_last:
+                    raise EnvelopeError(f"{exc.reason}: sequence numbers must rise across sessions and an earlier "
+                                        f"session accepted up to {floor} (a command of an earlier session replayed)",
+                                        "replay") from None
+                raise
+            self._own_last = env.command.sequence
+            state.sequence_high_water = max(floor, env.command.sequence)
+            return env

@@ -13,7 +13,15 @@ Durability promise (audit.fsync):
             of sitsd (kill -9) loses nothing; a power loss loses at most the last second.
   never     the kernel writes back when it likes (about 30 s): crash-safe, not power-loss-safe.
 A record cut off by a crash is detected at the next start; the new segment names the cut and
-links to the last whole record, so `verify` still proves everything before it.
+links to the last whole record, so `verify` still proves everything before it. Only a torn final write
+(the file's last bytes, without a newline) is a cut: a whole line that is no record, or a record that
+breaks the chain or its hash, is damage. The start then keeps every record after it, goes on from the
+last of them, records `previous_damaged_at_line` in the new header (`verify` keeps failing on that line)
+and the daemon raises alert `audit`.
+
+Clean stop: `close` writes a `close` record as the segment's last, and the next start's header says
+`previous_closed`. `verify` cannot see a cut of the newest segment's tail from the chain alone; it says
+so when the newest segment has no close record and no anchor follows its newest command record.
 
 Durable watermark (`AuditLog.durability`, `sitsctl status` audit_durable): the last record this process knows
 is on disk, i.e. fsynced together with its segment's directory entry, with its command sequence, hash and the
@@ -114,30 +122,89 @@ def _digest(body: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+class _NotARecord(ValueError):
+    """A whole line that is not an audit record (garbled, or not {"hash": str, "record": {...}})."""
+
+
+def _entry(line: str) -> tuple[dict, str]:
+    """The record body and stored hash of one whole line; _NotARecord if it is none."""
+    try:
+        entry = json.loads(line)
+        body, stored = entry["record"], entry["hash"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise _NotARecord(str(exc)) from None
+    if not isinstance(body, dict) or not isinstance(stored, str):
+        raise _NotARecord("record is not an object with a hash")
+    return body, stored
+
+
+class _Scan(NamedTuple):
+    """What a segment holds, read once: `last` the stored hash of its last readable record (GENESIS if none),
+    `whole` its lines that end in a newline, `cut` whether it ends in bytes without one (a torn final write:
+    the only thing a crash can leave), `seq` the highest command sequence number, `damaged_at`/`damage` the
+    first whole line that is not a record (or, with `check`, breaks the chain or its hash) and what is wrong,
+    `closed` whether its last record is a `close` record (a clean stop), `last_line` the line of that record."""
+
+    last: str
+    whole: int
+    cut: bool
+    seq: int
+    damaged_at: int | None
+    damage: str | None
+    closed: bool
+    last_line: int
+
+
 def _tail(path: Path) -> tuple[str, int, bool]:
     """Last valid hash, number of whole lines, and whether the file ends in a cut-off line."""
-    last, whole, cut, _ = _scan(path)
-    return last, whole, cut
+    scan = _scan(path)
+    return scan.last, scan.whole, scan.cut
 
 
-def _scan(path: Path) -> tuple[str, int, bool, int]:
-    """_tail plus the highest command sequence number recorded (0 if none)."""
-    last, whole, cut, seq = None, 0, False, 0
-    with _open_text(path) as fh:
-        for line in fh:
-            if not line.endswith("\n"):
-                cut = True
-                break
-            try:
-                entry = json.loads(line)
-                last = entry["hash"]
-                if "type" not in entry["record"]:
-                    seq = max(seq, int(entry["record"].get("seq") or 0))
-            except (ValueError, KeyError, TypeError, AttributeError):
-                cut = True
-                break
-            whole += 1
-    return last or GENESIS, whole, cut, seq
+def _scan(path: Path, check: bool = False) -> _Scan:
+    """Read a segment to its end: a damaged line does not end the scan (the records after it are kept and
+    linked to), only the first damage is named. `check` also checks each record's hash and link (the daemon's
+    start, on the newest segment), as `verify_chain` does."""
+    last, whole, cut, seq, closed, last_line = None, 0, False, 0, False, 0
+    damaged_at, damage, prev = None, None, None
+    try:
+        with _open_text(path) as fh:
+            for line in fh:
+                if not line.endswith("\n"):
+                    cut = True
+                    break
+                whole += 1
+                try:
+                    body, stored = _entry(line)
+                except _NotARecord as exc:
+                    if damaged_at is None:
+                        damaged_at, damage = whole, f"not an audit record ({exc})"
+                    continue
+                if check and damaged_at is None:
+                    if prev is not None and body.get("prev") != prev:
+                        damaged_at, damage = whole, "chain broken: a record before it was deleted or reordered"
+                    elif _digest(body) != stored:
+                        damaged_at, damage = whole, f"record {body.get('seq')} was modified (hash mismatch)"
+                    prev = stored
+                last, closed, last_line = stored, body.get("type") == "close", whole
+                if "type" not in body:
+                    try:
+                        seq = max(seq, int(body.get("seq") or 0))
+                    except (ValueError, TypeError):
+                        if damaged_at is None:
+                            damaged_at, damage = whole, f"malformed sequence number {body.get('seq')!r}"
+    except zstandard.ZstdError as exc:
+        if damaged_at is None:
+            damaged_at, damage = whole + 1, f"compressed segment is damaged after line {whole} ({exc})"
+    return _Scan(last or GENESIS, whole, cut, seq, damaged_at, damage, closed and not cut, last_line)
+
+
+def segment_tail(path: str | os.PathLike) -> dict:
+    """The end of one segment (`sitsctl audit verify`): whether its last record is a clean stop's `close` record,
+    that record's line and hash, the whole lines and the newest command sequence number."""
+    scan = _scan(Path(path))
+    return {"closed": scan.closed, "line": scan.last_line, "hash": scan.last, "lines": scan.whole, "seq": scan.seq,
+            "cut": scan.cut, "damaged_at": scan.damaged_at}
 
 
 class _Mark(NamedTuple):
@@ -185,6 +252,10 @@ class AuditLog:
                 plain.unlink()
         previous = audit_files(self.directory)
         self.last_sequence = 0  # the highest command sequence number of the previous segment
+        # what the start found at the end of the previous segment: a crash cut {file, after_lines}, or damage
+        # {file, line, damage, lines, message} (the daemon raises alert `audit` with the message)
+        self.start_cut: dict | None = None
+        self.start_damage: dict | None = None
         self._fh = None
         self._pending = 0
         self._idle = threading.Condition()
@@ -222,10 +293,26 @@ class AuditLog:
         header = {"type": "segment", "segment": number, "started_ns": time.time_ns(), "pid": os.getpid(),
                   "previous_file": previous.name.removesuffix(_ZST) if previous else None}
         if previous is not None and at_start:
-            last_hash, whole, cut, self.last_sequence = _scan(previous)
-            self._prev = last_hash
-            if cut:  # a crash cut the previous segment's last record: say so, link to the last whole one
-                header["previous_cut_after_lines"] = whole
+            scan = _scan(previous, check=True)
+            self._prev, self.last_sequence = scan.last, scan.seq
+            # a clean stop ends a segment with a `close` record; without it the last run crashed, was killed or
+            # lost power, or the tail of its segment was cut since (`audit verify` says so)
+            header["previous_closed"] = scan.closed
+            if scan.cut:  # a crash cut the previous segment's last write: say so, link to the last whole record
+                header["previous_cut_after_lines"] = scan.whole
+                self.start_cut = {"file": previous.name, "after_lines": scan.whole}
+            if scan.damaged_at is not None:
+                # damage, not a crash: a whole line that is no record, or a record that breaks the chain. The records
+                # after it are kept and the chain goes on from the last of them; the header names the damage, so
+                # `audit verify` keeps failing on it (naming the line) and the daemon raises alert `audit`
+                header["previous_damaged_at_line"] = scan.damaged_at
+                header["previous_damage"] = scan.damage
+                header["previous_lines"] = scan.whole
+                self.start_damage = {
+                    "file": str(previous), "line": scan.damaged_at, "damage": scan.damage, "lines": scan.whole,
+                    "message": f"audit log damaged: {previous}:{scan.damaged_at}: {scan.damage}; the records after it "
+                               f"({scan.whole - scan.damaged_at} line(s)) are kept and the chain goes on from the last "
+                               f"of them; `sitsctl audit verify` fails on this record from now on"}
         self._write_locked(header)
 
     def _write_locked(self, record: dict) -> str:
@@ -384,9 +471,9 @@ class AuditLog:
             too_big = self.max_total_bytes is not None and total > self.max_total_bytes
             if not (too_old or too_big):
                 break
-            last_hash, whole, _, last_seq = _scan(f)
-            record = {"type": "retention", "removed_file": f.name.removesuffix(_ZST), "removed_last_hash": last_hash,
-                      "removed_lines": whole, "removed_last_seq": last_seq, "reason": "age" if too_old else "size"}
+            scan = _scan(f)
+            record = {"type": "retention", "removed_file": f.name.removesuffix(_ZST), "removed_last_hash": scan.last,
+                      "removed_lines": scan.whole, "removed_last_seq": scan.seq, "reason": "age" if too_old else "size"}
             # the newest anchor in the removed segment goes on in its retention record: where the newer segments
             # hold no anchor (the TPM was out, or audit.anchor off for a while) the next start compares the TPM
             # counter with it, not with nothing (which would read as a deletion)
@@ -422,6 +509,11 @@ class AuditLog:
         with self._lock:
             if not self._fh.closed:
                 try:
+                    try:  # the clean-stop marker, last in the segment: a cut of the tail removes it, which shows
+                        self._write_locked({"type": "close", "t_ns": time.time_ns(), "pid": os.getpid(),
+                                            "records": self.records, "last_seq": self._written.seq})
+                    except AuditWriteError:  # disk full: no marker; the next start records previous_closed false
+                        pass
                     self._fsync_locked()
                 finally:
                     self._fh.close()
@@ -437,25 +529,31 @@ class AuditError(ValueError):
     """An audit file does not verify; the message names the file, the line and what is wrong."""
 
 
-def verify_chain(path: str | os.PathLike, expected_prev: str | None = None, allow_cut: bool = False) -> int:
+def verify_chain(path: str | os.PathLike, expected_prev: str | None = None, allow_cut: bool = False,
+                 cut_after_lines: int | None = None) -> int:
     """Check every link of one audit file; returns its command-record count or raises AuditError naming
-    the first bad record: edited (hash mismatch), deleted or reordered (broken link), or truncated.
-    `expected_prev`: the hash the file's first record must link to (the previous segment's last)."""
+    the first bad record: edited (hash mismatch), deleted or reordered (broken link), damaged (a whole line that
+    is no record), or truncated. `expected_prev`: the hash the file's first record must link to (the previous
+    segment's last). `allow_cut`: the file may end in bytes without a newline (a torn final write, which is all a
+    crash can leave); `cut_after_lines`: ... and must, after exactly that many whole lines (what the next
+    segment's header recorded). A line that cannot be read is never accepted when more follows it."""
     prev = expected_prev
     count = 0
+    lineno = 0
+    if cut_after_lines is not None:
+        allow_cut = True
     with _open_text(Path(path)) as fh:
         for lineno, line in _lines(fh, path):
-            if not line.endswith("\n"):
-                if allow_cut:
-                    return count
-                raise AuditError(f"{path}:{lineno}: truncated record (the file ends mid-line)")
+            if not line.endswith("\n"):  # only the last line can lack it
+                if not allow_cut:
+                    raise AuditError(f"{path}:{lineno}: truncated record (the file ends mid-line)")
+                if cut_after_lines is not None and lineno - 1 != cut_after_lines:
+                    raise AuditError(f"{path}:{lineno}: truncated record after {lineno - 1} whole lines, but the next "
+                                     f"segment's header recorded the cut after line {cut_after_lines}")
+                return count
             try:
-                entry = json.loads(line)
-                body = entry["record"]
-                stored = entry["hash"]
-            except (ValueError, KeyError, TypeError) as exc:
-                if allow_cut:
-                    return count
+                body, stored = _entry(line)
+            except _NotARecord as exc:
                 raise AuditError(f"{path}:{lineno}: not an audit record ({exc})") from None
             if prev is None and lineno == 1:
                 prev = body.get("prev") if body.get("type") == "segment" else GENESIS
@@ -466,6 +564,9 @@ def verify_chain(path: str | os.PathLike, expected_prev: str | None = None, allo
                 raise AuditError(f"{path}:{lineno}: record {body.get('seq')} was modified (hash mismatch)")
             prev = stored
             count += "type" not in body
+    if cut_after_lines is not None:
+        raise AuditError(f"{path}:{lineno}: ends on a whole record at line {lineno}, but the next segment's header "
+                         f"recorded a cut after line {cut_after_lines} (the file was changed since)")
     return count
 
 
@@ -499,11 +600,25 @@ def verify_directory(directory: str | os.PathLike) -> list[tuple[Path, int]]:
             prev = removed[missing]
     for i, f in enumerate(files):
         nxt = segment_header(files[i + 1]) if i + 1 < len(files) else None
-        cut_ok = nxt is not None and "previous_cut_after_lines" in nxt
+        cut_after = nxt.get("previous_cut_after_lines") if nxt is not None else None
         if nxt is not None and nxt.get("previous_file") != f.name.removesuffix(_ZST):
             raise AuditError(f"{files[i + 1]}:1: follows {nxt.get('previous_file')}, but the segment before it "
                              f"is {f.name} (a segment in between was deleted)")
-        results.append((f, verify_chain(f, prev, allow_cut=cut_ok)))
+        damaged = nxt.get("previous_damaged_at_line") if nxt is not None else None
+        try:
+            # a cut is accepted only where the next header recorded it, as the file's last bytes, after exactly
+            # the whole lines it names
+            n = verify_chain(f, prev, cut_after_lines=cut_after if isinstance(cut_after, int) else None)
+        except AuditError as exc:
+            if damaged is None:
+                raise
+            raise AuditError(f"{exc} [sitsd found this segment damaged at its next start and recorded it in "
+                             f"{files[i + 1].name}:1 (previous_damaged_at_line {damaged}); the records after it "
+                             "were kept]") from None
+        if damaged is not None:
+            raise AuditError(f"{files[i + 1]}:1: sitsd found {f.name} damaged at line {damaged} at its start "
+                             f"({nxt.get('previous_damage')}), but the file verifies now: it was changed since")
+        results.append((f, n))
         prev, _, _ = _tail(f)
     return results
 
@@ -558,6 +673,28 @@ def read_records(path: str | os.PathLike) -> list[dict]:
             if "type" not in body:
                 out.append(body)
     return out
+
+
+def read_entries(path: str | os.PathLike):
+    """Every line of one segment as (line number, record body or None, what is wrong or None), to its end: a line
+    that is not a record (damaged), a cut-off last line and a damaged compressed frame are yielded as errors, and
+    reading goes on where it can (`sitsctl audit show`). Typed records (segment, anchor, close, ...) included."""
+    lineno = 0
+    try:
+        with _open_text(Path(path)) as fh:
+            for line in fh:
+                lineno += 1
+                if not line.endswith("\n"):
+                    yield lineno, None, "cut off (the file ends mid-line)"
+                    break
+                try:
+                    body, _ = _entry(line)
+                except _NotARecord as exc:
+                    yield lineno, None, f"not an audit record ({exc})"
+                    continue
+                yield lineno, body, None
+    except zstandard.ZstdError as exc:
+        yield lineno + 1, None, f"compressed segment is damaged after line {lineno} ({exc})"
 
 
 class AnchorScanError(Exception):

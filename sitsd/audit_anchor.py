@@ -54,6 +54,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 
 from .audit import AnchorScanError, AuditLog, AuditWriteError, anchor_summary, audit_files
 
@@ -78,39 +79,67 @@ class AnchorIndexMissing(AnchorTpmError):
     """The counter's NV index is not defined (any more): TPM cleared, or the index undefined."""
 
 
+@contextmanager
+def _holding(lock, what: str):
+    """`with lock`, where a bounded lock (attestation.tpm.worker.TpmLock: a hung TPM call holds it) that times out
+    is an AnchorTpmError like any other TPM failure."""
+    try:
+        lock.__enter__()
+    except Exception as exc:  # TpmError: busy for longer than every holder's TPM calls may take
+        raise AnchorTpmError(f"{what} not attempted: {exc}") from exc
+    try:
+        yield
+    finally:
+        lock.__exit__(None, None, None)
+
+
 class OwnTpm:
     """An ESAPI context of our own (sitsctl audit verify, tests, a daemon whose signer shares none):
-    opened at first use, reopened after an I/O failure. `lock` serialises its use."""
+    opened at first use, reopened after an I/O failure. `lock` serialises its use. Every TPM call runs on a TPM
+    thread of its own and is bounded (attestation.tpm.worker): a hung TPM costs AnchorTpmError, never a hang."""
 
     def __init__(self, tcti: str) -> None:
+        from attestation.tpm.worker import TpmLock, TpmWorker
+
         if not tcti:
             raise AnchorTpmError("no TCTI: give --tcti (or SITS_TCTI), or attestation.tcti in the config")
         self.tcti = tcti
-        self.lock = threading.Lock()
+        self.lock = TpmLock(f"the TPM at {tcti!r}")
+        self._worker = TpmWorker(tcti)
         self._esapi = None
 
     def esapi(self):
+        from attestation.tpm.worker import TPM_SETUP_TIMEOUT_S, BoundedEsapi
+
         if self._esapi is None:
             try:
-                self._esapi = _tss().ESAPI(self.tcti)
-            except Exception as exc:  # TSS2_Exception or a TCTI that does not load
+                self._esapi = self._worker.call("opening the TPM", _tss().ESAPI, self.tcti,
+                                                timeout_s=TPM_SETUP_TIMEOUT_S)
+            except Exception as exc:  # TSS2_Exception, a TCTI that does not load, no answer in time
                 raise AnchorTpmError(f"cannot open the TPM through {self.tcti!r}: {exc}") from exc
-        return self._esapi
+        return BoundedEsapi(self._worker, self._esapi)
 
     def reopen(self) -> bool:
         """Caller holds `lock`. Drop the context (after a failure ESYS refuses every further call); the next
-        `esapi()` opens a fresh one."""
+        `esapi()` opens a fresh one. A context still inside a call (a hung TPM) is left to it."""
         old, self._esapi = self._esapi, None
-        if old is not None:
+        if old is not None and not self._worker.busy:
             try:
-                old.close()
+                self._worker.call("closing the TPM context", old.close, timeout_s=1.0)
             except Exception:  # its connection is already gone
                 pass
         return True
 
     def close(self) -> None:
-        with self.lock:
-            self.reopen()
+        """Never waits long for a hung TPM."""
+        if not self.lock.acquire(timeout=1.0):
+            self._esapi = None
+        else:
+            try:
+                self.reopen()
+            finally:
+                self.lock.release()
+        self._worker.stop()
 
 
 class TpmNvCounter:
@@ -140,7 +169,7 @@ class TpmNvCounter:
         running it again after a reconnect never moves the counter twice. A bare increment (retry=False) is not
         run again: whether the first one reached the TPM is unknown, and only a read can tell."""
         t = _tss()
-        with self._lock:
+        with _holding(self._lock, f"{what} of NV index 0x{self.nv_index:08x}"):
             try:
                 return fn(self._esapi())
             except t.TSS2_Exception as exc:

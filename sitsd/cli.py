@@ -136,7 +136,7 @@ def _cmd_status(args) -> int:
 
 
 def _cmd_audit(args) -> int:
-    from .audit import AuditError, audit_files, read_records, verify_chain, verify_directory
+    from .audit import AuditError, audit_files, verify_chain, verify_directory
     from .audit import segment_header as _audit_header
 
     target = args.path or Path(load_audit_dir(args))
@@ -161,20 +161,53 @@ def _cmd_audit(args) -> int:
         except AuditError as exc:
             print(f"{exc}", file=sys.stderr)
             return 1
-        for f, n in results:
+        for i, (f, n) in enumerate(results):
             print(f"{f}: OK, {n} records")
+            header = _audit_header(f) if i else None
+            if header and header.get("previous_closed") is False:
+                print(f"  note: {header.get('previous_file')} before it ended without a clean stop (crash, kill or "
+                      "power loss: no close record)")
         first = _audit_header(files[0])
         if Path(target).is_dir() and first and first.get("previous_file"):
             print(f"segments up to {first['previous_file']} were removed by the retention policy (recorded in the log)")
         print(f"chain intact across {len(results)} segment(s), {sum(n for _, n in results)} records")
         return _audit_anchors(args, target, files, tpm)
+    return _audit_show(args, files)
+
+
+def _audit_show(args, files: list[Path]) -> int:
+    """`sitsctl audit show`: the command records readably; a line that cannot be read is named (file:line) on
+    stderr and skipped (exit 1 at the end); --full adds model hash, input digest, proof reference and envelope."""
+    from .audit import read_entries
+
+    bad = 0
     for f in files:
-        records = read_records(f)
-        for r in records[-args.last:] if args.last else records:
-            values = ", ".join(f"{v:.6g}" for v in r.get("values", []))
-            print(f"seq {r.get('seq'):>8}  frame {r.get('frame_seq'):>6}  {r.get('outcome', 'acknowledged'):<12} "
+        shown = []  # (line, record) or (line, error): --last counts both
+        for lineno, body, error in read_entries(f):
+            if error is not None or "type" not in body:
+                shown.append((lineno, body, error))
+        for lineno, r, error in shown[-args.last:] if args.last else shown:
+            if error is not None:
+                bad += 1
+                print(f"{f}:{lineno}: {error}; skipped (`sitsctl audit verify` checks the chain)", file=sys.stderr)
+                continue
+            try:
+                values = ", ".join(f"{v:.6g}" for v in r.get("values") or [])
+            except (TypeError, ValueError):
+                values = repr(r.get("values"))
+            print(f"seq {str(r.get('seq')):>8}  frame {str(r.get('frame_seq')):>6}  "
+                  f"{str(r.get('outcome', 'acknowledged')):<12} "
                   f"{'FAILSAFE ' if r.get('failsafe') else ''}[{values}]  sent {r.get('sent_ns')}")
-    return 0
+            if args.full:
+                proof = r.get("proof")
+                ref = (f"{proof.get('id')} ({proof.get('proof')})" if isinstance(proof, dict) else
+                       "none" if proof is None else str(proof))
+                extra = "".join(f"  {k} {r[k]}" for k in ("ack_ns", "reason", "error") if r.get(k) is not None)
+                print(f"    {f.name}:{lineno}{extra}")
+                print(f"    model {r.get('model_sha256')}  input {r.get('input_sha256')}")
+                print(f"    proof {ref}")
+                print(f"    envelope {r.get('envelope')}")
+    return 1 if bad else 0
 
 
 def _read_anchor_counter(args, target: Path):
@@ -234,6 +267,8 @@ def _audit_anchors(args, target: Path, files: list[Path], tpm=None) -> int:
     for line in gaps:
         print(line, file=sys.stderr)
     newest = summary["newest"]
+    if Path(target).is_dir():
+        _audit_tail_caveat(files[-1], newest is not None and summary["after_newest"] == 0)
     if tpm is None:
         if newest is not None:
             print(f"newest anchor: counter {newest['counter']} ({newest['file']}:{newest['line']}); "
@@ -250,6 +285,23 @@ def _audit_anchors(args, target: Path, files: list[Path], tpm=None) -> int:
     for line in lines:
         print(line, file=sys.stdout if complete else sys.stderr)
     return 0 if complete and not gaps else 1
+
+
+def _audit_tail_caveat(newest_file: Path, anchored: bool) -> None:
+    """`audit verify`: the chain cannot show a cut of its own tail. A clean stop ends the newest segment with a
+    `close` record (a cut removes it); an anchor after the newest command record lets --tpm show it. Without
+    either (a running sitsd's live segment, a crash, or a cut), say so; never a failure."""
+    from .audit import segment_tail
+
+    tail = segment_tail(newest_file)
+    where = f"{newest_file.name}:{tail['line']}, seq {tail['seq']}, hash {tail['hash'][:16]}…"
+    if tail["closed"]:
+        print(f"newest segment closed cleanly (close record at {where}); a newer segment deleted whole would not "
+              "show: compare with audit_head, or use audit.anchor: tpm and --tpm")
+    elif not anchored:
+        print(f"caveat: the newest records are not covered: {newest_file.name} has no close record (sitsd is running, "
+              "or it crashed, or its tail was cut) and no anchor follows them, so a cut of the tail would not show; "
+              f"compare the last record ({where}) with audit_head from sitsctl status or enable audit.anchor: tpm")
 
 
 def load_audit_dir(args) -> str:
@@ -434,14 +486,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     au = sub.add_parser("audit", help="verify the audit log's hash chain, or show its records",
                         description="verify: every record's hash and link, naming the first edited, deleted, "
-                        "reordered or truncated record (exit 1 if any file fails, or if the log records a deletion "
-                        "sitsd found at a start: anchor_gap); with --tpm also the TPM anchor counter. show: the "
-                        "records, readably.")
+                        "reordered, damaged or truncated record (exit 1 if any file fails, or if the log records a "
+                        "deletion sitsd found at a start: anchor_gap); with --tpm also the TPM anchor counter. Without "
+                        "a close record (a clean stop) or an anchor after the newest records, a cut of the tail cannot "
+                        "show: verify says so. show: the records, readably (a line that cannot be read is named "
+                        "on stderr and skipped, exit 1).")
     au.add_argument("action", choices=("verify", "show"))
     au.add_argument("path", nargs="?", type=Path, help="an audit directory or file (default: audit.directory)")
     au.add_argument("--config", type=Path, default=Path("/etc/sits2026/sitsd.yaml"))
     au.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
     au.add_argument("--last", type=int, default=None, help="show: only the last N records of each file")
+    au.add_argument("--full", action="store_true",
+                    help="show: also each record's file:line, model hash, input digest, proof reference and envelope")
     au.add_argument("--tpm", action="store_true",
                     help="verify: also compare the TPM anchor counter (audit.anchor: tpm) with the newest anchor "
                     "record; exit 1 if the TPM is ahead (the newest records were deleted). The TPM: --tcti or "

@@ -91,6 +91,7 @@ class Daemon:
         self.timings = TimingRing()
         self.alerts: deque = deque(maxlen=4096)
         self.alert_counts: Counter[str] = Counter()
+        self.plc_rejected = 0  # commands the PLC refused (BadSecurityChecksFailed and other Bad status)
         self.last_alerts: deque = deque(maxlen=20)
         self.plc_events: deque = deque(maxlen=20)
         self.plc_event_counts: Counter[str] = Counter()
@@ -135,6 +136,10 @@ class Daemon:
         # remeasure_failures: re-measurement attempts the TPM refused, retried every probe)
         self.tpm_state = {"reachable": True, "outages": 0, "errors": 0, "last_error": None, "bound": True,
                           "resets": 0, "remeasure_failures": 0, "last_reset": None}
+        # one re-measurement after a TPM reset at a time; an attempt `_watch_tpm` gave up on (timed out, failed,
+        # cancelled) never commits: each attempt carries the generation it was started with
+        self._remeasure_lock = threading.Lock()
+        self._remeasure_generation = 0
 
     # -- startup ------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -342,6 +347,7 @@ class Daemon:
                 raise
             except ua.UaStatusCodeError as exc:
                 c.write_errors += 1
+                self.plc_rejected += 1  # read by the hot swap's health watch (a PLC refusing a swapped-in model)
                 self._alert("plc_rejected", f"PLC refused command {item.sequence}: {exc}", item)
                 self._audit(item, "rejected", error=type(exc).__name__)
                 continue
@@ -544,7 +550,10 @@ class Daemon:
         while True:
             await asyncio.sleep(0.05)
             if self.hotswap is not None and self.hotswap.watching:  # a fresh swap: trap/error spike -> rollback
-                await asyncio.to_thread(self.hotswap.check_health)
+                try:
+                    await asyncio.to_thread(self.hotswap.check_health)
+                except Exception as exc:  # never the end of housekeeping (it feeds the watchdog, drains the audit)
+                    self.log.error("hot swap health check failed", error=repr(exc))
             if self.cfg is not running_cfg and self.persistence is not None:
                 # reloaded (SIGHUP, update --config, deploy): persisted updates are re-based on the new bytes
                 running_cfg = self.cfg
@@ -638,10 +647,17 @@ class Daemon:
             if pending is None:
                 continue
             t0 = time.perf_counter()
+            self._remeasure_generation += 1
+            attempt = self._remeasure_generation
             try:
-                done = await asyncio.wait_for(call_in_thread(self._remeasure_after_reset, not alerted),
+                done = await asyncio.wait_for(call_in_thread(self._remeasure_after_reset, not alerted, attempt),
                                               timeout=TPM_PROBE_TIMEOUT_S)
-            except Exception as exc:  # TpmError, MeasurementError, PolicyError (certification refused), a timeout
+            except BaseException as exc:  # TpmError, MeasurementError, PolicyError (certification refused), a timeout
+                # first: the attempt's thread may still run (a hung TPM call): from now on it can no longer commit
+                # (re-bind the key, replace the measurement log) behind the failure recorded here
+                self._remeasure_generation += 1
+                if not isinstance(exc, Exception):  # cancelled: the daemon stops
+                    raise
                 reason = str(exc) or type(exc).__name__
                 self.signer.unbind(f"{pending}; re-measurement failed: {reason}")
                 st["bound"] = False
@@ -667,12 +683,33 @@ class Daemon:
             st["bound"] = True
             pending, alerted = None, False
 
-    def _remeasure_after_reset(self, archive: bool) -> str:
+    def _remeasure_after_reset(self, archive: bool, attempt: int | None = None) -> str:
         """After a TPM reset (a thread of its own; TPM calls bounded): measure what runs now, from the loop's stage
         set and the applied config, never from the old log: PCR 23 gets a new measurement log (the old one kept as
         measurements-before-tpm-reset-<ns>.jsonl when `archive`), the session key is certified again under
         attestation.certify_session, then PCR 16 gets the running model and the session key is bound again (last:
-        until then nothing is signed). Raises what the TPM refuses. Returns what was measured, in words."""
+        until then nothing is signed). Raises what the TPM refuses. Returns what was measured, in words.
+
+        One at a time (`_remeasure_lock`; an earlier attempt still stuck in the TPM: TpmError at once). `attempt`: the
+        `_remeasure_generation` it was started with; once `_watch_tpm` has moved on (it gave up on this attempt),
+        nothing more is done or committed: TpmError."""
+        from attestation.errors import TpmError
+
+        if not self._remeasure_lock.acquire(timeout=1.0):
+            raise TpmError("an earlier re-measurement has not returned yet (its TPM call hangs); not attempted")
+        try:
+            def current() -> bool:
+                return attempt is None or attempt == self._remeasure_generation
+
+            def check(step: str) -> None:
+                if not current():
+                    raise TpmError(f"re-measurement abandoned (timed out or superseded) before {step}")
+
+            return self._remeasure_locked(archive, current, check)
+        finally:
+            self._remeasure_lock.release()
+
+    def _remeasure_locked(self, archive: bool, current, check) -> str:
         from attestation.measurement import MeasurementLog
 
         from .hotswap import file_sha256
@@ -681,6 +718,7 @@ class Daemon:
         done = ["model"]
         log = self.measurements
         if log is not None and log.tpm is not None and log.path is not None:
+            check("resetting the measurement PCR")
             if archive and log.path.exists():
                 log.path.replace(log.path.with_name(f"measurements-before-tpm-reset-{time.time_ns()}.jsonl"))
             log.tpm.reset()
@@ -698,6 +736,7 @@ class Daemon:
                 approval = Approval.load(a.approval)
                 approval.verify(authority)
                 before = self.signer.certification.device_public_pem
+                check("certifying the session key")
                 cert = self.signer.certify(approval, authority)  # PolicyError "refused" unless the approved set runs
                 if cert.device_public_pem != before:  # a new device key: the PLC trusts the one it enrolled
                     from attestation.errors import TpmError
@@ -711,11 +750,13 @@ class Daemon:
                 config_sha = getattr(persistence, "config_sha256", None) or file_sha256(self.config_path)
                 new.record("config", Path(self.config_path).name, config_sha)
                 done.append("config")
+            check("replacing the measurement log")
             self.measurements = new
             if self.hotswap is not None:
                 self.hotswap.measure = new.record  # later swaps are measured into the new log
             done[0] = f"model, PCR {new.pcr} {new.value.hex()[:16]}…"
-        value = self.signer.remeasure([st.model_sha256])  # binds the session key again
+        check("re-measuring the session PCR")
+        value = self.signer.remeasure([st.model_sha256], still_current=current)  # binds the session key again
         return ", ".join(done) + f"; PCR {self.signer.pcr} {value.hex()[:16]}…"
 
     async def _watch_prover(self, interval_s: float = 2.0) -> None:
@@ -846,6 +887,10 @@ class Daemon:
                 a = self.cfg.audit
                 self.audit = AuditLog(a.directory, a.fsync, segment_max_mb=a.segment_max_mb,
                                       retention_days=a.retention_days, max_total_mb=a.max_total_mb)
+                if self.audit.start_damage is not None:  # damage, not a crash cut: kept, named in the log (audit.py)
+                    self._alert("audit", self.audit.start_damage["message"])
+                    self.log.error("audit log damaged", file=self.audit.start_damage["file"],
+                                   line=self.audit.start_damage["line"], damage=self.audit.start_damage["damage"])
                 if a.anchor == "tpm":  # compares the TPM counter with the log's newest anchor; never stops the start
                     self.audit_anchor = self._attach_audit_anchor()
                 # sequence numbers must rise across restarts, or the PLC's replay check refuses the new

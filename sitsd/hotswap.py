@@ -125,7 +125,7 @@ class HotSwap:
 
     def __init__(self, loop, host: WasmHost | None, *, n_inputs: int, n_outputs: int, bounds_check=None,
                  measure=None, alerts=None, module_specs: dict | None = None, pickup_timeout_s: float = 2.0,
-                 provider: str = "cpu",
+                 provider: str = "cpu", rejections=None,
                  signatures=None, on_settled=None, pins=None, certified: tuple | None = None) -> None:
         self.loop = loop
         # attestation.certify_session: the identity (stage_identity) of the set the TPM certified the session key
@@ -146,6 +146,7 @@ class HotSwap:
         self.alerts = alerts
         self.module_specs = module_specs or {}  # name -> schema.Module (limits, stage)
         self.pickup_timeout_s = pickup_timeout_s
+        self.rejections = rejections  # () -> commands the PLC refused so far (the daemon's count), or None
         self.previous: StageSet | None = None  # the set before the last swap (`rollback` with no component)
         self._prior: dict[str, object] = {}  # per component, the version its last update replaced
         self.history: list[SwapRecord] = []
@@ -235,8 +236,20 @@ class HotSwap:
 
     # -- the swap -----------------------------------------------------------------------------------
     def _activate(self, new: StageSet, action: str, component: str, name: str, sha: str, prepare_ms: float,
-                  reason: str = "") -> SwapRecord:
+                  reason: str = "", watch_plc: bool = True) -> SwapRecord:
         old = self.loop.stage_set
+        # measured first, then run: the log and the PCR never lag behind what runs. An update whose measurement
+        # fails is refused (nothing changed); a rollback goes ahead (it leaves a version that faulted or that the
+        # operator wants gone), with an alert that the log still names the version it left
+        unmeasured = None
+        try:
+            for event in self._events(new, old, action, component, name, sha):
+                self.measure(*event)
+        except Exception as exc:  # MeasurementError (TPM gone, PCR moved), OSError (disk full)
+            if action == "update":
+                raise SwapRefused(f"could not measure {component} {name} before running it ({exc!r}); nothing "
+                                  "changed: the running version stays") from None
+            unmeasured = exc
         for m in (new.pre, new.post):  # a module coming back from the previous set restarts its state
             if m is not None and m is not old.pre and m is not old.post:
                 m.instance.reset()
@@ -245,24 +258,35 @@ class HotSwap:
         self.previous = old
         if new not in self.sets:
             self.sets.append(new)
-        self._watch = (new, self.loop.counters.failsafe, self.loop.counters.frames) if action == "update" else None
+        self._watch = ((new, self.loop.counters.failsafe, self.loop.counters.frames,
+                        self._rejected_now() if watch_plc else None) if action == "update" else None)
         deadline = time.monotonic() + self.pickup_timeout_s
         while new.first_frame < 0 and time.monotonic() < deadline and self.loop.stage_set is new:
             self.between_frames(0.05)  # woken by the loop at a frame's end: no polling next to its frames
         rec = SwapRecord(action, component, name, sha, new.generation, old.generation, round(prepare_ms, 3),
                          new.first_frame, reason)
         self.history.append(rec)
-        if self.measure is not None:
-            if component == "set":  # each component the rollback changed, so the log names what runs now
-                if new.model_sha256 != old.model_sha256:
-                    self.measure("rollback:model", Path(new.model_path).name, new.model_sha256.hex())
-                for stage in ("pre", "post"):
-                    m, before = getattr(new, stage), getattr(old, stage)
-                    if m is not None and (before is None or m.sha256 != before.sha256 or m.name != before.name):
-                        self.measure(f"rollback:module:{stage}", m.name, m.sha256)
-            else:
-                self.measure(component if action == "update" else f"rollback:{component}", name, sha)
+        if unmeasured is not None and self.alerts is not None:
+            self.alerts.append((time.time_ns(), "rollback", f"rolled back to generation {new.generation} "
+                                f"({new.label}), but measuring it failed ({unmeasured!r}): the measurement log and "
+                                "PCR still name the version rolled back from; restart sitsd once the TPM/disk is back "
+                                "to measure what runs", 0, 0))
         return rec
+
+    def _events(self, new: StageSet, old: StageSet, action: str, component: str, name: str, sha: str) -> list:
+        """The measurement events of a swap from `old` to `new`: (kind, name, sha256 hex)."""
+        if self.measure is None:
+            return []
+        if component != "set":
+            return [(component if action == "update" else f"rollback:{component}", name, sha)]
+        events = []  # a whole-set rollback: each component it changes, so the log names what runs
+        if new.model_sha256 != old.model_sha256:
+            events.append(("rollback:model", Path(new.model_path).name, new.model_sha256.hex()))
+        for stage in ("pre", "post"):
+            m, before = getattr(new, stage), getattr(old, stage)
+            if m is not None and (before is None or m.sha256 != before.sha256 or m.name != before.name):
+                events.append((f"rollback:module:{stage}", m.name, m.sha256))
+        return events
 
     def _next(self, **changes) -> StageSet:
         self._generation += 1
@@ -286,7 +310,7 @@ class HotSwap:
             for m in (fallback.pre, fallback.post):
                 if m is not None and m is not getattr(cur, m.stage):
                     self._prior[m.name] = m
-            self._watch = (cur, self.loop.counters.failsafe, self.loop.counters.frames)
+            self._watch = (cur, self.loop.counters.failsafe, self.loop.counters.frames, self._rejected_now())
             return fallback
 
     def _check_pin(self, what: str, key: str, path: Path, sha256: str) -> None:
@@ -307,7 +331,9 @@ class HotSwap:
 
     def update_module(self, path: Path, name: str | None = None, expected_sha256: str | None = None,
                       respect_pins: bool = True) -> dict:
-        """`respect_pins` False only for `sitsctl deploy`, which checked the new config's pins before loading."""
+        """`respect_pins` False only for `sitsctl deploy`, which checked the new config's pins before loading (its
+        load is also not rolled back for PLC refusals: the deployer confirms it, and telling the PLC about a new
+        model is part of the deployment)."""
         with self._lock, _preparing():
             version = self.prepare_module(path, name, expected_sha256)
             if respect_pins:
@@ -317,7 +343,7 @@ class HotSwap:
             new = self._next(**{version.stage: version}, label=f"{version.name} v{version.version}")
             self._prior[version.name] = old
             rec = self._activate(new, "update", f"module:{version.stage}", version.name, version.sha256,
-                                 version.prepare_ms)
+                                 version.prepare_ms, watch_plc=respect_pins)
             return {**rec.as_dict(), "module": version.describe(), "origin": version.origin,
                     "previous": old.describe() if old else None}
 
@@ -335,7 +361,8 @@ class HotSwap:
             self._prior["model"] = (cur.model, cur.model_sha256, cur.model_path)
             new = self._next(model=runner, model_sha256=runner.sha256, model_path=str(path),
                              label=f"model {runner.sha256.hex()[:12]}")
-            rec = self._activate(new, "update", "model", Path(path).name, runner.sha256.hex(), prepare_ms)
+            rec = self._activate(new, "update", "model", Path(path).name, runner.sha256.hex(), prepare_ms,
+                                 watch_plc=respect_pins)
             return {**rec.as_dict(), "bounds": report,
                     "previous": {"model": self.previous.model_path, "sha256": self.previous.model_sha256.hex()}}
 
@@ -379,6 +406,9 @@ class HotSwap:
         return self._activate(new, "rollback", f"module:{mod.stage}", mod.name, mod.sha256, 0.0, reason).as_dict()
 
     # -- automatic rollback (called periodically off the loop thread) ---------------------------------
+    def _rejected_now(self) -> int:
+        return self.rejections() if self.rejections is not None else 0
+
     @property
     def watching(self) -> bool:
         return self._watch is not None
@@ -389,7 +419,8 @@ class HotSwap:
         watch = self._watch
         if watch is None:
             return None
-        new, failsafe0, frames0 = watch
+        new, failsafe0, frames0 = watch[:3]
+        watch_rejected = watch[3] if len(watch) > 3 else None  # None: PLC refusals not watched (a deploy's load)
         if self.loop.stage_set is not new:
             self._watch = None
             return None
@@ -400,20 +431,34 @@ class HotSwap:
             reason = f"{new.traps} module trap(s) in the first {new.frames} frames after the swap"
         elif frames >= 20 and failsafes * 2 > frames:
             reason = f"fail-safe rate {failsafes}/{frames} frames after the swap"
+        elif (frames >= 20 and self.rejections is not None and watch_rejected is not None
+              and (rejected := self.rejections() - watch_rejected) * 2 > frames):
+            reason = (f"the PLC refused {rejected} of the commands of {frames} frames after the swap (does it pin "
+                      "another model hash, or distrust what the new version sends?)")
         elif new.frames >= WATCH_FRAMES:
-            self._watch = None  # survived its watch window: from now on it is the set a restart should load
-            with self._lock:
+            # never wait here for an update that is preparing (a model proof can take minutes): this runs in the
+            # daemon's housekeeping, which feeds the watchdog; try again at the next check
+            if not self._lock.acquire(blocking=False):
+                return None
+            try:
+                self._watch = None  # survived its watch window: from now on it is the set a restart should load
                 if self.loop.stage_set is new:
                     self._settle(new, f"generation {new.generation} ({new.label}) passed its health watch "
                                  f"({new.frames} frames, {new.traps} traps)")
+            finally:
+                self._lock.release()
             return None
         if not reason:
             return None
-        with self._lock:
+        if not self._lock.acquire(blocking=False):  # an update is preparing: roll back at the next check
+            return None
+        try:
             if self.loop.stage_set is not new:
                 return None
             rec = self._rollback(None, f"automatic: {reason}")
             self._settle(self.loop.stage_set, f"automatic rollback of generation {new.generation}: {reason}")
+        finally:
+            self._lock.release()
         self._watch = None
         if self.alerts is not None:
             self.alerts.append((time.time_ns(), "rollback", f"rolled back generation {new.generation} ({new.label}): "
@@ -802,6 +847,7 @@ def attach(daemon) -> HotSwap:
     return HotSwap(loop, daemon.wasm, n_inputs=len(cfg.model.inputs), n_outputs=len(cfg.model.outputs),
                    bounds_check=model_bounds_check(lambda: daemon.cfg), measure=log.record, alerts=daemon.alerts,
                    module_specs={m.name: m for m in cfg.modules}, provider=cfg.model.provider,
+                   rejections=lambda: daemon.plc_rejected,
                    signatures=__import__("sitsd.signatures").signatures.SignaturePolicy.from_config(cfg),
                    on_settled=persistence.settled if persistence is not None else None,
                    pins=lambda: {"model": daemon.cfg.model.sha256, **{m.name: m.sha256 for m in daemon.cfg.modules}},

@@ -46,7 +46,8 @@ class LazyVerifier:
 
 class SessionAcceptor:
     """Checks a session credential (TPM quote over the session key and this PLC's nonce) and returns the
-    per-command verifier for that session."""
+    per-command verifier for that session. One SessionReplayState across every credential, so a new session
+    cannot take back an earlier one's nonce, session key or command sequence numbers."""
 
     def __init__(self, device_key_path: Path, model_sha256: bytes | None, freshness: dict | None = None,
                  policy_key_path: Path | None = None, approval=None, authority=None) -> None:
@@ -55,6 +56,9 @@ class SessionAcceptor:
         self.freshness = freshness or {}
         self.policy_key_path = policy_key_path  # require a session key certified by this policy-bound device key
         self.pin = {"approval": approval, "authority": authority} if approval is not None else {}
+        from attestation.session import SessionReplayState
+
+        self.replay_state = SessionReplayState()  # kept when the verifier is rebuilt (a re-provisioned device key)
 
     def __call__(self, credential: bytes, nonce: bytes):
         from attestation.session import SessionVerifier
@@ -72,7 +76,8 @@ class SessionAcceptor:
             except OSError as exc:
                 raise CommandRejected(f"no policy key at {self.policy_key_path}: {exc}", "key") from exc
             options.update(self.pin)
-        verifier = SessionVerifier(trusted, self.model_sha256, **options).accept(credential, nonce)
+        verifier = SessionVerifier(trusted, self.model_sha256, replay_state=self.replay_state,
+                                   **options).accept(credential, nonce)
 
         def verify(envelope: bytes):
             env = verifier.verify(envelope)

@@ -148,8 +148,10 @@ class Module(_Section):
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$", description="pin the wasm bytes' SHA-256")
     deadline_ms: float = Field(default=5.0, gt=0, le=100,
                                description="wall-clock limit per call (epoch; preemption counts, keep it generous)")
-    fuel: int | None = Field(default=1_000_000, ge=1000,
-                             description="instruction budget per call (~1 ms of work per million); null: none")
+    fuel: int = Field(default=1_000_000, ge=1000, le=1_000_000_000,
+                      description="instruction budget per call (~1 ms of work per million). Required: under the "
+                      "unit's SCHED_FIFO on one CPU the epoch ticker cannot preempt a spinning loop thread, so fuel "
+                      "is the limit that always holds")
     memory_pages: int = Field(default=4, ge=1, le=1024, description="linear memory limit, 64 KiB pages")
 
 
@@ -456,6 +458,13 @@ class AttestationSection(_Section):
                              "locality 0; sitsd resets it at every start and replays its measurements from zero")
         if self.mode == "tpm2" and self.signing == "tpm-session" and self.measurement_pcr == 16:
             raise ValueError("measurement_pcr 16 is the PCR the tpm-session signer binds its session key to; use 23")
+        return self
+
+    @model_validator(mode="after")
+    def _verify_on_boot(self):
+        if self.verify_on_boot and (self.approval is None or self.authority_key is None):
+            raise ValueError("verify_on_boot needs approval and authority_key (the authority's public key): the "
+                             "deployment record's approval is checked with it at every start")
         return self
 
     @model_validator(mode="after")

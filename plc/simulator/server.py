@@ -90,7 +90,10 @@ class RollingMillSimulator:
         # until a session credential written to SessionCredential has been accepted
         self.verify = verifier if verifier is not None else self._no_session
         self.session_acceptor = session_acceptor
+        # one use: a fresh nonce after every credential write, accepted or refused (_on_credential_write), so a
+        # captured credential cannot be written again; SessionNonce reads always return the current one
         self.session_nonce = os.urandom(32)
+        self.session_nonces_issued = 1
         self.sessions_accepted = 0
         self.sessions_rejected = 0
         dt = 1.0 / settings.rate_hz
@@ -148,8 +151,9 @@ class RollingMillSimulator:
         server.set_attribute_value_setter(cmd.nodeid, self._on_command_write)
         await mill.add_method(ua.NodeId(COMMAND_METHOD, idx), "ApplyCommand", self._on_command_call,
                               [ua.VariantType.ByteString], [ua.VariantType.UInt32])
-        await mill.add_variable(ua.NodeId(SESSION_NONCE_NODE, idx), "SessionNonce", self.session_nonce,
-                                ua.VariantType.ByteString)
+        nonce = await mill.add_variable(ua.NodeId(SESSION_NONCE_NODE, idx), "SessionNonce", self.session_nonce,
+                                        ua.VariantType.ByteString)
+        server.set_attribute_value_callback(nonce.nodeid, self._read_nonce)  # always the current nonce
         credential = await mill.add_variable(ua.NodeId(SESSION_CREDENTIAL_NODE, idx), "SessionCredential", b"",
                                              ua.VariantType.ByteString)
         await credential.set_writable()
@@ -196,13 +200,23 @@ class RollingMillSimulator:
     def _no_session(_envelope: bytes):
         raise CommandRejected("no session: write a session credential to SessionCredential first", "key")
 
+    def _read_nonce(self, _nodeid, _attr) -> ua.DataValue:
+        now = datetime.now(timezone.utc)
+        return ua.DataValue(ua.Variant(self.session_nonce, ua.VariantType.ByteString), SourceTimestamp=now,
+                            ServerTimestamp=now)
+
     def _on_credential_write(self, node_data, attr, datavalue: ua.DataValue) -> None:
-        """A session credential: the device's TPM quote binding a session key to this PLC's nonce."""
+        """A session credential: the device's TPM quote binding a session key to this PLC's nonce. The nonce is
+        used up by the write, accepted or refused: the next credential must be quoted against a fresh one (read
+        SessionNonce again), so a credential captured on the wire cannot be written again."""
         payload = datavalue.Value.Value if datavalue.Value is not None else None
         if self.session_acceptor is None:
             raise ua.UaStatusCodeError(ua.StatusCodes.BadNotWritable)
+        nonce = self.session_nonce
+        self.session_nonce = os.urandom(32)  # before the check: nothing written from now on can use `nonce`
+        self.session_nonces_issued += 1
         try:
-            verifier = self.session_acceptor(bytes(payload or b""), self.session_nonce)
+            verifier = self.session_acceptor(bytes(payload or b""), nonce)
         except Exception as exc:  # the acceptor's error says why (quote, nonce, PCR, model)
             self.sessions_rejected += 1
             self.reject_reasons["session"] += 1
@@ -383,6 +397,7 @@ class RollingMillSimulator:
                 "clock_offset_ms": self.clock_offset_ns / 1e6,  # the injected clock jump (set_clock_offset_ms)
                 "sessions_accepted": self.sessions_accepted,
                 "sessions_rejected": self.sessions_rejected,
+                "session_nonces_issued": self.session_nonces_issued,
                 "compared_steps": self._err_steps,
                 "thickness_error_um": {"closed_loop": self._err_closed / n * 1000.0,
                                        "open_loop": self._err_open / n * 1000.0},

@@ -311,6 +311,17 @@ def test_verify_on_boot_refuses_a_model_other_than_the_deployed_one(swtpm, tmp_p
     assert r.returncode == 1
     assert "verify-on-boot: what sitsd loaded differs from the verified deployment" in r.stderr, r.stderr[-2000:]
     assert "cannot connect to the PLC" not in r.stderr  # refused before anything went towards the PLC
+    # a forged record: the same events in "software" mode (no quote to check), or without its approval
+    record_file = tmp_path / "audit" / "deployment.json"
+    genuine = json.loads(record_file.read_text())
+    for forged, expected in (({**genuine, "mode": "software"}, "made in 'software' mode, this daemon measures "
+                              "into a TPM"),
+                             ({k: v for k, v in genuine.items() if k != "approval"}, "carries no approval")):
+        record_file.write_text(json.dumps(forged))
+        r = subprocess.run(sitsd_args(EXAMPLE_CONFIG, **common), capture_output=True, text=True, timeout=120,
+                           cwd=REPO)
+        assert r.returncode == 1 and expected in r.stderr, r.stderr[-2000:]
+    record_file.write_text(json.dumps(genuine))
     # without any staged record, attestation.verify_on_boot: true refuses as well
     (tmp_path / "audit" / "deployment.json").unlink()
     r = subprocess.run(sitsd_args(EXAMPLE_CONFIG, attestation__verify_on_boot="true", **common),
@@ -561,8 +572,10 @@ def test_streaming_config_is_approved_deployed_and_verified_on_boot(swtpm, tmp_p
     assert OK.match(out.splitlines()[0]).group(1) == sha
     assert ("model", "streaming-transformer-seed0", sha) in [(e["kind"], e["name"], e["sha256"])
                                                              for e in staged(tmp_path)["events"]]
+    # verify-on-boot checks the record's approval with the authority's key: the daemon is given it
     common = dict(attestation__tcti=swtpm.tcti, plc__security="none", plc__endpoint="opc.tcp://127.0.0.1:9/none",
-                  audit__directory=tmp_path / "audit", control__socket=tmp_path / "c.sock")
+                  audit__directory=tmp_path / "audit", control__socket=tmp_path / "c.sock",
+                  attestation__approval=approval, attestation__authority_key=auth / "authority.pub.pem")
     r = subprocess.run(sitsd_args(STREAMING_CONFIG, **common), capture_output=True, text=True, timeout=120, cwd=REPO)
     assert "deployment verified on boot" in r.stderr, r.stderr[-2000:]
     assert "cannot connect to the PLC" in r.stderr  # verified, then on towards the (absent) PLC

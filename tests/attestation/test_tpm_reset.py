@@ -277,11 +277,11 @@ def test_signer_probe_sees_the_reset_refuses_until_remeasured_and_then_binds_ane
 def test_signer_calls_to_a_hung_tpm_are_bounded_and_close_does_not_wait(tmp_path, monkeypatch):
     import os
 
-    from attestation import session as session_mod
     from attestation.errors import TpmError
     from attestation.session import TpmSessionSigner
+    from attestation.tpm import worker
 
-    monkeypatch.setattr(session_mod, "TPM_CALL_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(worker, "TPM_CALL_TIMEOUT_S", 1.0)  # read at each call (not bound at definition time)
     tpm = Swtpm(tmp_path / "tpm").start()
     signer = TpmSessionSigner(tpm.tcti)
     try:

@@ -229,8 +229,9 @@ def test_a_gap_that_cannot_be_recorded_yet_is_not_covered_by_a_later_anchor(swtp
     log.close()
     counter.close()
     types = [(r.get("type"), r.get("tpm_counter") or r.get("counter")) for r in _records(log.path)]
-    # no close anchor: nothing was recorded after the interval anchor (it covers everything)
-    assert types == [("segment", None), ("anchor_gap", tpm), ("anchor", tpm + 1)]
+    # no close anchor: nothing was recorded after the interval anchor (it covers everything); the clean stop's
+    # close record (no command, after the closing anchor's turn) ends the segment
+    assert types == [("segment", None), ("anchor_gap", tpm), ("anchor", tpm + 1), ("close", None)]
     assert _tpm_value(swtpm.tcti) == tpm + 1
 
 

@@ -264,19 +264,21 @@ def test_sitsctl_update_swaps_modules_and_model_in_a_running_sitsd_without_losin
 
     try:
         wait_ready(daemon, log)
+        watched = ("failsafe", "dropped_timestamp", "deadline_missed", "lost", "sign_errors")
+        time.sleep(0.3)  # past the startup frames
+        before = request(control, "status")["counters"]  # across all three swaps: two modules, then the model
         out = sitsctl("update", "--module", str(pre_v2))
         assert "swapped module:pre pre_filter" in out and "previous kept for rollback" in out
         sitsctl("update", "--module", str(post_v2))
-        watched = ("failsafe", "dropped_timestamp", "deadline_missed", "lost", "sign_errors")
-        before = request(control, "status")["counters"]
         out = sitsctl("update", "--model", str(model_copy))
         assert "swapped model rolling_mill_v2.onnx" in out and "inside the actuator limits" in out
         assert "proved in the daemon process" not in out  # but in the proof worker, a process of its own
         time.sleep(0.2)  # frames that queued behind a stall have been picked up (stale) by now
         status = request(control, "status")
         after = status["counters"]
-        # the daemon's own counters (whatever the PLC makes of the new model hash): the model swap, with its
-        # bound proof, lost no frame: no stale drop, no sequence gap, no fail-safe, no missed deadline
+        # the daemon's own counters (whatever the PLC makes of the new model hash): the two module swaps and the
+        # model swap with its bound proof lost no frame: no stale drop, no sequence gap, no fail-safe, no missed
+        # deadline
         assert {k: after[k] - before[k] for k in watched} == dict.fromkeys(watched, 0), (
             before, after, status["recent_alerts"])
         assert after["frames"] > before["frames"] and after["submitted"] > before["submitted"]
@@ -364,3 +366,56 @@ def test_a_hash_pinned_in_the_config_refuses_other_bytes_until_the_config_change
     pins.pop("model")  # no pin: any proven model may swap in
     hs.update_model(copy)
     assert loop.stage_set.model_sha256 == hashlib.sha256(copy.read_bytes()).digest()
+
+
+def test_a_swap_is_measured_before_it_runs_and_a_failed_measurement_changes_nothing(host, tmp_path):
+    """An update whose measurement fails (TPM gone, PCR moved, disk full) is refused and the running set stays;
+    a rollback still goes ahead (it leaves a faulty version), with an alert that the log was not updated."""
+    from attestation.measurement import MeasurementError
+
+    loop, sent, _ = build()
+    hs = with_modules(loop, host)
+    first = loop.stage_set
+    v2 = module_versions(tmp_path, "post_command", versions=(2,))[0]
+    seen_running = []
+
+    def measure_fails(kind, name, sha):
+        seen_running.append(loop.stage_set is first)  # measured while the old set still runs
+        raise MeasurementError("PCR 23 is not the replay of the measurement log")
+
+    hs.measure = measure_fails
+    with pytest.raises(SwapRefused, match="could not measure module:post post_command before running it"):
+        hs.update_module(v2)
+    assert loop.stage_set is first and seen_running == [True] and hs.history == []
+    measured = []
+    hs.measure = lambda *event: measured.append((loop.stage_set is first, event))
+    rec = hs.update_module(v2)
+    assert loop.stage_set is not first and measured == [(True, ("module:post", "post_command", rec["sha256"]))]
+    hs.measure = measure_fails
+    back = hs.rollback()
+    assert loop.stage_set is first and back["action"] == "rollback"
+    kind, text = loop.alerts[-1][1:3]
+    assert kind == "rollback" and "measuring it failed" in text and "MeasurementError" in text
+
+
+def test_a_plc_refusing_the_commands_after_a_swap_rolls_it_back(host, tmp_path):
+    """The health watch counts the PLC's refusals (e.g. a PLC that pins the old model's hash), not only the
+    loop's own fail-safes; and it never waits for an update that is still preparing."""
+    loop, sent, _ = build()
+    hs = with_modules(loop, host)
+    refused = [0]
+    hs.rejections = lambda: refused[0]
+    first = loop.stage_set
+    v2 = module_versions(tmp_path, "post_command", versions=(2,))[0]
+    hs.update_module(v2)
+    for seq in range(1, 31):
+        loop.step(frame(seq))
+    assert hs.check_health() is None and loop.stage_set is not first  # the PLC took them
+    refused[0] += 25  # the PLC refuses what the new version sends
+    hs._lock.acquire()  # an update preparing meanwhile: the check does not wait for it
+    try:
+        assert hs.check_health() is None and loop.stage_set is not first
+    finally:
+        hs._lock.release()
+    back = hs.check_health()
+    assert back is not None and "the PLC refused 25" in back["reason"] and loop.stage_set is first
