@@ -237,8 +237,9 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
                             "late_frames": "command done more than one period after the scheduled tick; sent, "
                                            "not counted in frames_lost"},
         }
-        extra = {"near_frames": int(any_near.sum()), "sets": len(hs.sets),
-                 "frames_in_sets": sum(s.frames for s in hs.sets), "call_overhead_us": overhead,
+        listed = hs.versions()
+        extra = {"near_frames": int(any_near.sum()), "sets": len(listed["sets"]), "sets_loaded": len(hs.sets),
+                 "frames_in_sets": listed["loop"]["frames_in_sets"], "call_overhead_us": overhead,
                  "module_traps": loop.counters.module_traps, "failsafe": loop.counters.failsafe,
                  "first_frame_after_swap_us": _pct(step_a[first]), "second_frame_after_swap_us": _pct(step_a[second]),
                  "step_us": _pct(step_a), "work_ms_p50": float(np.median(work_ms)) if work_ms else 0.0,

@@ -41,6 +41,8 @@ MAX_DEADLINE_TRAPS_IN_WATCH = 3
 
 
 PREPARE_SWITCH_INTERVAL_S = 0.0002
+KEPT_SETS = 8  # stage sets kept loaded for their counters (the running one and the rollback target always)
+RETIRED_SETS_LISTED = 1000  # retired sets still listed (counters only, ~200 B each) in `sitsctl versions`
 
 
 @contextlib.contextmanager
@@ -150,7 +152,10 @@ class HotSwap:
         self.previous: StageSet | None = None  # the set before the last swap (`rollback` with no component)
         self._prior: dict[str, object] = {}  # per component, the version its last update replaced
         self.history: list[SwapRecord] = []
-        self.sets: list[StageSet] = [loop.stage_set]  # every set that served, for per-version counters
+        # the sets kept loaded (the current one, the rollback targets, the recent ones) for per-version counters;
+        # older ones are retired: their counters folded into `_retired`, their model and modules freed
+        self.sets: list[StageSet] = [loop.stage_set]
+        self._retired = {"frames": 0, "models": {}, "modules": {}, "sets": []}
         self._generation = loop.stage_set.generation
         self._lock = threading.Lock()
         self._watch: tuple[StageSet, int, int] | None = None  # (set, failsafe count at swap, frame at swap)
@@ -193,9 +198,9 @@ class HotSwap:
             if expected_sha256 and expected_sha256 != signed:
                 raise SwapRefused(f"module {path}: SHA-256 {signed} differs from the expected {expected_sha256}")
             expected_sha256 = signed
-        try:
+        try:  # a signed .wat: the file bytes the signature covered, read once (wasmtime parses those)
             return self.host.load(name, stage, path, n, n, expected_sha256=expected_sha256, limits=limits,
-                                  between=self.between_frames)
+                                  between=self.between_frames, expected_file_sha256=signed)
         except WasmError as exc:
             raise SwapRefused(str(exc)) from None
 
@@ -258,6 +263,7 @@ class HotSwap:
         self.previous = old
         if new not in self.sets:
             self.sets.append(new)
+            self._retire_old_sets()
         self._watch = ((new, self.loop.counters.failsafe, self.loop.counters.frames,
                         self._rejected_now() if watch_plc else None) if action == "update" else None)
         deadline = time.monotonic() + self.pickup_timeout_s
@@ -288,6 +294,47 @@ class HotSwap:
                 events.append((f"rollback:module:{stage}", m.name, m.sha256))
         return events
 
+    def _retire_old_sets(self) -> None:
+        """Keep at most KEPT_SETS stage sets loaded: an older one that is neither running, nor the rollback target,
+        nor being watched is dropped, its frame counts folded into `_retired`; a module or model no kept set and
+        no per-component rollback (`_prior`) still names is freed with it (a real model is its size per swap)."""
+        watched = self._watch[0] if self._watch is not None else None
+        pinned = {id(self.loop.stage_set), id(self.previous), id(watched)}
+        while len(self.sets) > KEPT_SETS:
+            victim = next((st for st in self.sets if id(st) not in pinned), None)
+            if victim is None:
+                return
+            self.sets.remove(victim)
+            r = self._retired
+            r["frames"] += victim.frames
+            sha = victim.model_sha256.hex()
+            r["models"][sha] = r["models"].get(sha, 0) + victim.frames
+            r["sets"] = (r["sets"] + [{"generation": victim.generation, "label": victim.label, "frames": victim.frames,
+                                       "traps": victim.traps, "retired": True}])[-RETIRED_SETS_LISTED:]
+            for m in (victim.pre, victim.post):
+                self._fold_if_gone(m)
+
+    def _referenced(self, m) -> bool:
+        return (any(m is st.pre or m is st.post for st in self.sets)
+                or any(m is v for v in self._prior.values()))
+
+    def _fold_if_gone(self, m) -> None:
+        """A module version no kept set and no per-component rollback names any more can never run again: its
+        counters move to the retired summary (once) and the object is freed."""
+        if m is None or self._referenced(m):
+            return
+        entry = self._retired["modules"].setdefault(f"{m.name}@{m.sha256[:12]}", {"frames": 0, "traps": 0,
+                                                                                   "version": m.version, "stage": m.stage})
+        entry["frames"] += m.frames
+        entry["traps"] += m.traps
+
+    def _set_prior(self, key: str, value) -> None:
+        """`_prior[key] = value`; a module version the old entry alone kept is folded into the summary."""
+        before = self._prior.get(key)
+        self._prior[key] = value
+        if key != "model" and before is not None and before is not value:
+            self._fold_if_gone(before)
+
     def _next(self, **changes) -> StageSet:
         self._generation += 1
         cur = self.loop.stage_set
@@ -309,7 +356,7 @@ class HotSwap:
                 self._prior["model"] = (fallback.model, fallback.model_sha256, fallback.model_path)
             for m in (fallback.pre, fallback.post):
                 if m is not None and m is not getattr(cur, m.stage):
-                    self._prior[m.name] = m
+                    self._set_prior(m.name, m)
             self._watch = (cur, self.loop.counters.failsafe, self.loop.counters.frames, self._rejected_now())
             return fallback
 
@@ -341,7 +388,7 @@ class HotSwap:
             self._check_certified("module", path, stage_identity(self.loop.stage_set, {version.stage: version}))
             old = getattr(self.loop.stage_set, version.stage)
             new = self._next(**{version.stage: version}, label=f"{version.name} v{version.version}")
-            self._prior[version.name] = old
+            self._set_prior(version.name, old)
             rec = self._activate(new, "update", f"module:{version.stage}", version.name, version.sha256,
                                  version.prepare_ms, watch_plc=respect_pins)
             return {**rec.as_dict(), "module": version.describe(), "origin": version.origin,
@@ -401,7 +448,7 @@ class HotSwap:
             new = self._next(model=model, model_sha256=sha, model_path=path, label=f"model {sha.hex()[:12]} (rollback)")
             return self._activate(new, "rollback", "model", Path(path).name, sha.hex(), 0.0, reason).as_dict()
         mod = prior
-        self._prior[component] = getattr(cur, mod.stage)
+        self._set_prior(component, getattr(cur, mod.stage))
         new = self._next(**{mod.stage: mod}, label=f"{mod.name} v{mod.version} (rollback)")
         return self._activate(new, "rollback", f"module:{mod.stage}", mod.name, mod.sha256, 0.0, reason).as_dict()
 
@@ -467,26 +514,28 @@ class HotSwap:
 
     def versions(self) -> dict:
         """Per-version frame counters: modules by (name, sha256), models by sha256, sets by generation."""
-        modules: dict[str, dict] = {}
-        models: dict[str, int] = {}
-        frames_in_sets = sum(s.frames for s in self.sets)
+        modules: dict[str, dict] = {k: dict(v) for k, v in self._retired["modules"].items()}
+        models: dict[str, int] = dict(self._retired["models"])
+        r = self._retired
+        frames_in_sets = sum(s.frames for s in self.sets) + r["frames"]
         seen: set[int] = set()  # a version loaded twice is two objects with one key: count each object once
+        prior_only = [v for k, v in self._prior.items() if k != "model" and v is not None]
         for s in self.sets:
             models[s.model_sha256.hex()] = models.get(s.model_sha256.hex(), 0) + s.frames
-            for m in (s.pre, s.post):
-                if m is not None and id(m) not in seen:
-                    seen.add(id(m))
-                    entry = modules.setdefault(f"{m.name}@{m.sha256[:12]}", {"frames": 0, "traps": 0,
-                                                                             "version": m.version, "stage": m.stage})
-                    entry["frames"] += m.frames
-                    entry["traps"] += m.traps
+        for m in [m for s in self.sets for m in (s.pre, s.post)] + prior_only:
+            if m is not None and id(m) not in seen:
+                seen.add(id(m))
+                entry = modules.setdefault(f"{m.name}@{m.sha256[:12]}", {"frames": 0, "traps": 0,
+                                                                         "version": m.version, "stage": m.stage})
+                entry["frames"] += m.frames
+                entry["traps"] += m.traps
         c = self.loop.counters  # read after the sets: at most the frame in flight is counted here and not there
         loop = {"frames": c.frames, "dropped_timestamp": c.dropped_timestamp,
                 "dropped_constraint": c.dropped_constraint, "module_traps": c.module_traps,
                 "frames_in_sets": frames_in_sets}
         return {"loop": loop, "current": self.loop.stage_set.describe(), "generation": self.loop.stage_set.generation,
-                "sets": [{"generation": s.generation, "label": s.label, "frames": s.frames, "traps": s.traps}
-                         for s in self.sets], "modules": modules, "models": models,
+                "sets": r["sets"] + [{"generation": s.generation, "label": s.label, "frames": s.frames,
+                                      "traps": s.traps} for s in self.sets], "modules": modules, "models": models,
                 "history": [r.as_dict() for r in self.history[-20:]]}
 
 

@@ -228,6 +228,8 @@ class ProofService:
         # offered = skipped (by policy) + accepted + dropped (queue full); accepted = proved + failed + cancelled
         # (queued when the daemon stopped) + queue depth + in flight. Each is written by one thread only.
         self.offered = self.skipped = self.accepted = self.dropped = self.proved = self.failed = 0
+        self.circuit_model: bytes | None = None  # the model the circuit proves (attach_prover); others: skipped_model
+        self.skipped_model = 0  # offers of commands from another model (after a hot swap), counted in `skipped` too
         self.submitted = self.cancelled = 0  # handed to a worker (feeder thread); discarded at shutdown
         self._pool: ProcessPoolExecutor | None = None
         self._feeder: threading.Thread | None = None
@@ -261,6 +263,16 @@ class ProofService:
     # loop thread: no logging, no blocking, no allocation beyond the job tuple
     def offer(self, sequence: int, inputs, model_sha256: bytes, alerts, context: tuple = ()) -> str | None:
         self.offered += 1
+        if self.circuit_model is not None and model_sha256 != self.circuit_model:
+            # a hot swap changed the model: the circuit (and its keys) prove the model sitsd started with, so
+            # every job would fail in the worker and the audit record would name a proof never made
+            self.skipped_model += 1
+            self.skipped += 1
+            if self.skipped_model == 1:
+                alerts.append((time.time_ns(), "prover", f"not proven: the running model {model_sha256.hex()[:12]}… "
+                               f"is not the one the proof circuit was compiled for ({self.circuit_model.hex()[:12]}…, "
+                               "hot swap); its commands go unproven until sitsd restarts with it", 0, sequence))
+            return None
         if self.policy == "one_in_n":
             self._count += 1
             if self._count < self.n:
@@ -376,7 +388,7 @@ class ProofService:
         in_flight = max(0, self.submitted - self.proved - self.failed - self.cancelled)
         return {"policy": self.policy, "n": self.n, "workers": self.workers, "worker_pids": self.worker_pids(),
                 "queue_depth": self._queue.qsize(), "queue_max": self._queue.maxsize, "in_flight": in_flight,
-                "stalled": self.stalled_since_ns is not None, "stalls": self.stalls,
+                "stalled": self.stalled_since_ns is not None, "stalls": self.stalls, "skipped_model": self.skipped_model,
                 "stall_alert_s": self.stall_after_s,
                 **self.counters()}
 
@@ -412,6 +424,9 @@ def attach_prover(daemon) -> ProofService | None:
     if cfg.proof.policy == "off":
         return None
     service = ProofService(cfg, daemon.log)
+    from .model import model_sha256
+
+    service.circuit_model = bytes.fromhex(model_sha256(cfg))  # the circuit is compiled from the config's model
     service.start()
     loop = daemon.loop
     previous = loop.observe

@@ -45,12 +45,17 @@ def golden_path(source: Path) -> Path:
     return source.with_name(source.name.rsplit(".", 1)[0] + ".golden.json")
 
 
-def read_source(path: Path) -> bytes:
-    """The wasm bytes of a .wasm file, or of a .wat file through wasmtime's own WAT parser."""
+def read_source(path: Path, expected_file_sha256: str | None = None) -> bytes:
+    """The wasm bytes of a .wasm file, or of a .wat file through wasmtime's own WAT parser. With
+    `expected_file_sha256` (the hash a signature check covered) the file is read once and refused unless its
+    bytes have that hash, so what is compiled is what was checked, even if the file is replaced meanwhile."""
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise WasmError(f"module {path}: cannot read it: {exc.strerror}") from None
+    if expected_file_sha256 is not None and hashlib.sha256(data).hexdigest() != expected_file_sha256:
+        raise WasmError(f"module {path}: the file changed after its signature was checked (SHA-256 "
+                        f"{hashlib.sha256(data).hexdigest()[:16]}…, checked {expected_file_sha256[:16]}…); refused")
     if path.suffix == ".wat" or not data.startswith(b"\0asm"):
         try:
             return bytes(wasmtime.wat2wasm(data.decode()))
@@ -234,7 +239,8 @@ class WasmHost:
         return module, origin
 
     def load(self, name: str, stage: str, path: Path, n_in: int, n_out: int, *,
-             expected_sha256: str | None = None, limits: Limits | None = None, between=None) -> ModuleVersion:
+             expected_sha256: str | None = None, limits: Limits | None = None, between=None,
+             expected_file_sha256: str | None = None) -> ModuleVersion:
         """Verify, compile, self-test and instantiate; raises WasmError/SelfTestError saying what failed.
 
         `between()`, when given, is called between the steps (each well under a millisecond with a cached
@@ -245,7 +251,7 @@ class WasmHost:
         pause = between or (lambda: 0)
         limits = limits or self.limits
         path = Path(path)
-        wasm = read_source(path)
+        wasm = read_source(path, expected_file_sha256)
         sha = hashlib.sha256(wasm).hexdigest()
         label = f"module {name} ({path.name}, sha256 {sha[:12]})"
         if expected_sha256 and expected_sha256 != sha:

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from sitsd.config import load_config
-from sitsd.hotswap import HotSwap, SwapRefused, model_bounds_check
+from sitsd.hotswap import KEPT_SETS, HotSwap, SwapRefused, model_bounds_check
 from sitsd.wasm import WasmHost
 
 from ..conftest import DEMO_MODEL, EXAMPLE_CONFIG, REPO, example_config_data, sitsd_args, wait_ready
@@ -106,12 +106,13 @@ def test_100_swaps_under_a_1khz_loop_lose_no_frame_and_count_each_frame_once(hos
     assert loop.counters.failsafe == 0 and loop.counters.module_traps == 0, list(loop.alerts)[-5:]
     # each frame ran on exactly one set: the per-set counters are the per-frame log, grouped
     by_gen = {g: generations.count(g) for g in set(generations)}
-    assert {s.generation: s.frames for s in hs.sets if s.frames} == by_gen
-    assert sum(s.frames for s in hs.sets) == n
+    versions = hs.versions()  # kept sets and retired ones (counters only: their models and modules are freed)
+    assert {st["generation"]: st["frames"] for st in versions["sets"] if st["frames"]} == by_gen
+    assert sum(st["frames"] for st in versions["sets"]) == n == versions["loop"]["frames_in_sets"]
     assert generations == sorted(generations)  # swaps only move forward, at frame boundaries
-    assert len(hs.sets) == 101
+    assert len(versions["sets"]) == 101 and len(hs.sets) <= KEPT_SETS
+    assert loop.stage_set in hs.sets and hs.previous in hs.sets
     # per-version counters add up: each frame went through one pre, one model and one post version
-    versions = hs.versions()
     assert sum(v["frames"] for v in versions["modules"].values() if v["stage"] == "pre") == n
     assert sum(v["frames"] for v in versions["modules"].values() if v["stage"] == "post") == n
     assert {v["version"] for v in versions["modules"].values()} == {1, 2}
@@ -419,3 +420,55 @@ def test_a_plc_refusing_the_commands_after_a_swap_rolls_it_back(host, tmp_path):
         hs._lock.release()
     back = hs.check_health()
     assert back is not None and "the PLC refused 25" in back["reason"] and loop.stage_set is first
+
+
+def test_old_stage_sets_are_retired_their_versions_freed_and_their_counters_kept(host, tmp_path):
+    """Only KEPT_SETS stage sets stay loaded (the running one and the rollback target always): an older one's
+    model and module versions are freed unless a rollback can still bring them back, and its frame counts stay
+    in `versions`."""
+    import gc
+    import weakref
+
+    loop, sent, _ = build()
+    hs = with_modules(loop, host)
+    hs.pickup_timeout_s = 0.01  # no loop thread here: the frames are stepped below, after each swap
+    v1, v2 = module_versions(tmp_path, "post_command")
+    refs, seq = [], 0
+    for i in range(3 * KEPT_SETS):
+        rec = hs.update_module(v1 if i % 2 else v2)
+        refs.append(weakref.ref(loop.stage_set.post))
+        for _ in range(3):
+            seq += 1
+            loop.step(frame(seq))
+    gc.collect()
+    assert len(hs.sets) <= KEPT_SETS and loop.stage_set in hs.sets and hs.previous in hs.sets
+    alive = [r() for r in refs]
+    assert sum(x is None for x in alive) >= 2 * KEPT_SETS - 2  # the old versions are gone, not just unlisted
+    versions = hs.versions()
+    assert len(versions["sets"]) == 3 * KEPT_SETS + 1 and versions["loop"]["frames_in_sets"] == seq
+    assert sum(v["frames"] for v in versions["modules"].values() if v["stage"] == "post") == seq
+    # the rollback targets survived the retirement: per component and the whole set
+    before = loop.stage_set.post
+    back = hs.rollback("post_command")
+    assert back["action"] == "rollback" and loop.stage_set.post is not before and loop.stage_set.post is not None
+    hs.rollback()
+    assert loop.stage_set.post is not None
+
+
+def test_a_signed_wat_replaced_after_its_signature_check_is_refused(host, tmp_path):
+    """The signature covers the .wat file's bytes; the host compiles those very bytes (read once), so a file
+    swapped between the check and the load is refused instead of compiled unsigned."""
+    loop, _, _ = build()
+    hs = with_modules(loop, host)
+    v2, v3 = module_versions(tmp_path, "post_command", versions=(2, 3))
+    checked = hashlib.sha256(v2.read_bytes()).hexdigest()
+    hs._check_signature = lambda kind, path, sha=None: checked  # the check passed on v2's bytes ...
+    v2.write_bytes(v3.read_bytes())  # ... then the file was replaced
+    first = loop.stage_set
+    with pytest.raises(SwapRefused, match="changed after its signature was checked"):
+        hs.update_module(v2)
+    assert loop.stage_set is first
+    v2.write_bytes((MODULES / "post_command.wat").read_text().replace(
+        "(global $version i32 (i32.const 1))", "(global $version i32 (i32.const 2))").encode())
+    assert hashlib.sha256(v2.read_bytes()).hexdigest() == checked
+    assert hs.update_module(v2)["component"] == "module:post"  # the bytes that were checked load

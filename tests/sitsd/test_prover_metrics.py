@@ -122,7 +122,9 @@ def test_a_stopped_prover_is_alerted_once_commands_go_on_and_proofs_resume(plcsi
             os.kill(pid, signal.SIGSTOP)
         at_stop = request(control, "status")
         plc_at_stop = sim_stats(sim)["accepted"]
-        stalled = wait_for(lambda s: s["proofs"]["stalled"], 60, "the stall reported", status)
+        # the alert is counted by the daemon's housekeeping, up to 50 ms after the stall is flagged
+        stalled = wait_for(lambda s: s["proofs"]["stalled"] and s["alerts"].get("prover"), 60, "the stall reported",
+                           status)
         assert stalled["alerts"].get("prover") == 1, stalled["alerts"]
         # the loop does not wait for the prover: the PLC keeps accepting commands, and offers are dropped
         wait_for(lambda s: s["proofs"]["dropped"] > at_stop["proofs"]["dropped"] + 3, 60,
@@ -161,3 +163,25 @@ def test_a_stopped_prover_is_alerted_once_commands_go_on_and_proofs_resume(plcsi
     # each proof an audit record names was made, or the index says it was dropped (never a dangling reference)
     assert all(index.get(pid) in ("ok", "dropped") for pid in referenced), \
         [(pid, index.get(pid)) for pid in referenced if index.get(pid) not in ("ok", "dropped")]
+
+
+def test_commands_of_a_hot_swapped_model_are_not_offered_to_a_circuit_for_another_model(tmp_path):
+    """The circuit proves the config's model; after a hot swap the new model's commands are skipped (counted, one
+    `prover` alert), never queued for a proof that would fail and leave a dangling audit reference."""
+    from collections import deque
+
+    from sitsd.config import load_config
+    from sitsd.prover import ProofService
+
+    cfg = load_config(EXAMPLE_CONFIG, {"proof.policy": "every", "audit.directory": str(tmp_path / "audit")})
+    service = ProofService(cfg)  # not started: offers only queue
+    service.circuit_model = b"\x01" * 32
+    alerts: deque = deque()
+    inputs = (1.0,) * 6
+    assert service.offer(1, inputs, b"\x01" * 32, alerts) == "cmd-1"
+    assert service.offer(2, inputs, b"\x02" * 32, alerts) is None
+    assert service.offer(3, inputs, b"\x02" * 32, alerts) is None
+    st = service.status()
+    assert st["skipped_model"] == 2 and st["accepted"] == 1 and service.reference(2) == {}
+    assert st["offered"] == st["skipped"] + st["accepted"] + st["dropped"]
+    assert [a[1] for a in alerts] == ["prover"] and "not the one the proof circuit was compiled for" in alerts[0][2]
