@@ -263,12 +263,14 @@ class HotSwap:
         self.previous = old
         if new not in self.sets:
             self.sets.append(new)
-            self._retire_old_sets()
         self._watch = ((new, self.loop.counters.failsafe, self.loop.counters.frames,
                         self._rejected_now() if watch_plc else None) if action == "update" else None)
         deadline = time.monotonic() + self.pickup_timeout_s
         while new.first_frame < 0 and time.monotonic() < deadline and self.loop.stage_set is new:
             self.between_frames(0.05)  # woken by the loop at a frame's end: no polling next to its frames
+        if len(self.sets) > KEPT_SETS:  # freeing an ORT session or a wasm store holds the GIL: right after a frame
+            self.between_frames(0.05)
+            self._retire_old_sets()
         rec = SwapRecord(action, component, name, sha, new.generation, old.generation, round(prepare_ms, 3),
                          new.first_frame, reason)
         self.history.append(rec)
