@@ -41,7 +41,10 @@ over all acknowledged commands. It is reported, not judged: on a shared 2-core b
 else runs. acknowledged_records_lost counts, for each daemon incarnation, the commands its status
 reported as acknowledged that have no acknowledged record in the audit log. rss_growth_mb compares the
 final daemon's resident memory shortly after its start with the value at the end (the faults after the
-restart all hit that incarnation). RSS is the daemon's own: the prover processes are separate.
+restart all hit that incarnation); rss_incarnations gives the same for every incarnation (its first sample
+a second after it delivered model commands, its last just before it was killed or at the end), and the
+acceptance holds every incarnation's growth under the limit. RSS is the daemon's own: the prover processes
+are separate.
 The daemon proves one model command in rate/2 (--proof-n): two proofs a second at most, when every
 frame gives a model command (fail-safe commands are never proven). One prover process makes ~10 a
 second on an idle core, so that is a fifth of a core: on this 2-core box ten a second took a whole
@@ -498,6 +501,19 @@ def main(argv: list[str] | None = None) -> int:
                                 f"PLC within {WARMUP_S:g} s of the daemon's start: {soak.status()['counters']}"))
         slot = max(3.0, args.seconds / len(faults))
         rss_start = None
+        rss_seen: dict[int, list[float]] = {}  # pid -> [first, last] RSS sample of that incarnation
+
+        def sample_rss() -> None:
+            pid = soak.daemon.pid
+            try:
+                mb = _rss_mb(pid)
+            except OSError:  # the process is gone
+                return
+            rss_seen.setdefault(pid, [mb, mb])[1] = mb
+
+        if warm:
+            time.sleep(1.0)
+            sample_rss()
         for kind in faults:
             t_slot = time.monotonic()
             if kind == "prover_stall" and soak.wait_prover_working(timeout_s=15.0) is None:
@@ -507,6 +523,7 @@ def main(argv: list[str] | None = None) -> int:
                                 f"(proofs: {soak.status().get('proofs')})", "_window": None})
                 say(f"{kind:15} {'NOT RECOVERED':22} {results[-1]['why']}")
                 continue
+            sample_rss()  # the last sample of an incarnation kill9 ends
             detail = soak.inject(kind, hold_s=min(2.0, slot / 3))
             # prover_stall is recovered when proofs are being produced again after SIGCONT; tpm_loss under
             # tpm-session when the daemon's probe reaches the TPM again
@@ -537,11 +554,13 @@ def main(argv: list[str] | None = None) -> int:
             if kind == "kill9":  # the final incarnation: its memory is what must stay flat
                 time.sleep(1.0)
                 rss_start = _rss_mb(soak.daemon.pid)
+            sample_rss()
             rest = slot - (time.monotonic() - t_slot)
             if rest > 0:
                 time.sleep(rest)
         final = soak.status()
         rss_end = _rss_mb(soak.daemon.pid)
+        sample_rss()
         soak.close()
         chain_ok, lost, audit_detail, acked = soak.audit_result()
         if args.keep and soak.root:  # the audit log lives on the tmpfs: keep a copy before it goes
@@ -613,10 +632,14 @@ def main(argv: list[str] | None = None) -> int:
         "rss_start_mb": round(rss_start, 1) if rss_start else None,
         "rss_end_mb": round(rss_end, 1),
         "rss_growth_mb": round(rss_end - rss_start, 1) if rss_start else None,
+        "rss_incarnations": [{"pid": pid, "first_mb": round(a, 1), "last_mb": round(b, 1),
+                              "growth_mb": round(b - a, 1)} for pid, (a, b) in rss_seen.items()],
     }
     say(f"\n{summary['faults_recovered']}/{summary['faults_injected']} faults recovered, "
         f"{lost} acknowledged records lost, audit chain {'valid' if chain_ok else 'BROKEN'} ({audit_detail}), "
         f"RSS {summary['rss_start_mb']} -> {summary['rss_end_mb']} MB, PLC rejected {rejected}")
+    say("RSS per incarnation: " + ", ".join(f"pid {i['pid']} {i['first_mb']} -> {i['last_mb']} MB"
+                                            for i in summary["rss_incarnations"]))
     say(f"acknowledged commands, all incarnations: {model_acked} model, {failsafe_acked} fail-safe "
         f"(fail-safe ratio {failsafe_ratio:.1%}); deadline_missed {total['deadline_missed']} of {total['frames']} "
         f"frames ({mix['deadline_missed_per_frame']:.1%}), timestamp drops {total['dropped_timestamp']} "
@@ -630,14 +653,16 @@ def main(argv: list[str] | None = None) -> int:
     # the acceptance, all of it: every fault injected (none skipped) and recovered, nothing acknowledged
     # lost, the chain valid, and the daemon's memory bounded (rss_growth_mb < 20)
     growth = summary.get("rss_growth_mb")
+    worst = max((i["growth_mb"] for i in summary["rss_incarnations"]), default=None)
     ok = (summary["faults_recovered"] == summary["faults_injected"] and not summary["skipped"] and lost == 0
-          and chain_ok and growth is not None and growth < 20)
+          and chain_ok and growth is not None and growth < 20 and worst is not None and worst < 20)
     if not ok:
         say("soak FAILED its acceptance: " + "; ".join(why for cond, why in (
             (summary["faults_recovered"] != summary["faults_injected"], "a fault did not recover"),
             (bool(summary["skipped"]), f"faults skipped: {', '.join(summary['skipped'])} (run as root)"),
             (lost != 0, f"{lost} acknowledged records lost"), (not chain_ok, "audit chain broken"),
-            (growth is None or growth >= 20, f"RSS growth {growth} MB (limit 20)")) if cond))
+            (growth is None or growth >= 20, f"RSS growth {growth} MB (limit 20)"),
+            (worst is None or worst >= 20, f"RSS growth of an incarnation {worst} MB (limit 20)")) if cond))
     return 0 if ok else 1
 
 
