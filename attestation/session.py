@@ -24,19 +24,38 @@ that only while the PCR holds the state the authority approved: for an unapprove
 the TPM refuses and there is no certified session key. A verifier given the device key
 (`trusted_device_key_pem`) accepts only certified session keys.
 
+Measured modules and config (credential version 2): `bind(nonce, measurement_log)` quotes the session PCR and the
+measurement PCR (attestation.measurement_pcr, 23: model, modules, config, hot swaps, rollbacks, approvals; see
+attestation/measurement.py) in one TPM2_Quote, and the credential carries that PCR's log as (kind, name, SHA-256)
+entries. The verifier replays the entries to the quoted value (code `measurement` when they do not add up), exposes
+what runs (`SessionEnvelopeVerifier.measured`: the newest model, module per stage and config) and checks the pins it
+was given (`expected_modules`, `expected_config_sha256`: codes `module`, `config`). In version 2 the model check is
+the log's: the newest model it names (a hot swap or rollback included) must be the expected one (`model`); PCR 16,
+measured once at start and never by a hot swap, is only quoted and replayed. In version 1 the expected model must be
+among the PCR 16 measurements. The daemon binds again (a new nonce, a new credential) after every measurement, so the
+PLC's view never lags behind a reload or a hot swap for longer than one re-bind.
+A version 1 credential (an older sitsd, or no measurement log: `bind` without one, or with a log kept in software
+because there is no TPM for it) is still accepted, unless the verifier pins modules or config or sets
+`require_measurements` (`unmeasured`).
+
 Trade-off: the session private key lives in process memory until the signer is closed, while
 the AK never leaves the TPM. PCR 16 is resettable at locality 0: the binding to the model holds
 only while nothing but the daemon may use the TPM.
 
 Credential CBOR (one canonical encoding; anything else is refused):
-    {1: 1 (version), 2: session key SPKI DER, 3: AK SPKI DER, 4: TPMS_ATTEST bytes,
+    {1: version (1, or 2 with keys 13..15), 2: session key SPKI DER, 3: AK SPKI DER, 4: TPMS_ATTEST bytes,
      5: quote signature r||s (64 bytes), 6: PCR index, 7: PCR value (32 bytes),
      8: [* measurement (32 bytes)], 9: verifier nonce (16..64 bytes)
      and, only for a certified session key, all three of:
-     10: device key SPKI DER, 11: approved PCR value (32 bytes), 12: device key signature r||s (64 bytes)}
+     10: device key SPKI DER, 11: approved PCR value (32 bytes), 12: device key signature r||s (64 bytes)
+     and, only in version 2, all three of:
+     13: measurement PCR index, 14: its value as quoted (32 bytes),
+     15: [* [kind (text), name (text), SHA-256 (32 bytes)]]: every event extended into it since its reset}
+    The quote (4, 5) covers the PCR named by key 6 alone (version 1) or the PCRs named by keys 6 and 13 (version 2).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 from collections import OrderedDict
@@ -48,6 +67,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from . import cose
+from .measurement import DEFAULT_PCR as MEASUREMENT_PCR
+from .measurement import MAX_KIND_BYTES, MAX_NAME_BYTES, MeasuredState, MeasurementError, measured_state, replay_entries
 from .cose import es256_from_der
 from .envelope import (ALG_ECDSA_P256_SHA256, DEFAULT_DEADLINE_GRACE_NS, DEFAULT_MAX_AGE_NS, DEFAULT_MAX_FUTURE_NS,
                        DEFAULT_MAX_VALIDITY_NS, Command, EnvelopeVerifier, assemble, key_id_of, to_be_signed)
@@ -60,21 +81,29 @@ from .tpm.worker import TPM_SETUP_TIMEOUT_S, BoundedEsapi, TpmLock, TpmWorker, c
 
 BINDING_LABEL = b"sits-session-v1"
 CERTIFY_LABEL = b"sits-session-certify-v1\0"
-CREDENTIAL_VERSION = 1
+CREDENTIAL_VERSION = 1  # PCR 16 only
+CREDENTIAL_VERSION_MEASURED = 2  # PCR 16 and the measurement PCR with its log (keys 13..15)
 MIN_NONCE, MAX_NONCE = 16, 64
 MAX_MEASUREMENTS = 64
-MAX_CREDENTIAL_BYTES = 4096
+MAX_LOG_EVENTS = 256  # measurement-log entries a credential carries (a restart measures from reset)
+MAX_CREDENTIAL_BYTES = 32768
 (K_VERSION, K_SESSION_KEY, K_AK, K_ATTEST, K_SIGNATURE, K_PCR, K_PCR_VALUE, K_MEASUREMENTS,
- K_NONCE, K_DEVICE_KEY, K_APPROVED_VALUE, K_DEVICE_SIGNATURE) = range(1, 13)
+ K_NONCE, K_DEVICE_KEY, K_APPROVED_VALUE, K_DEVICE_SIGNATURE,
+ K_MEASUREMENT_PCR, K_MEASUREMENT_VALUE, K_MEASUREMENT_LOG) = range(1, 16)
 _PLAIN_KEYS = frozenset(range(K_VERSION, K_NONCE + 1))
 _CERTIFIED_KEYS = frozenset(range(K_VERSION, K_DEVICE_SIGNATURE + 1))
+_MEASURED_KEYS = frozenset((K_MEASUREMENT_PCR, K_MEASUREMENT_VALUE, K_MEASUREMENT_LOG))
+_KEY_SETS = {CREDENTIAL_VERSION: (_PLAIN_KEYS, _CERTIFIED_KEYS),
+             CREDENTIAL_VERSION_MEASURED: (_PLAIN_KEYS | _MEASURED_KEYS, _CERTIFIED_KEYS | _MEASURED_KEYS)}
 _ZERO = b"\0" * 32
 
 
 class CredentialError(AttestationError):
     """A session credential is malformed or does not prove what it must. `reason` says what in words;
     `code` is one of: malformed, ak, pcr, nonce, binding, signature, magic, type, pcr-selection,
-    pcr-digest, pcr-value, model, key, uncertified, device-key, certification, approval, and, from the
+    pcr-digest, pcr-value, model, key, uncertified, device-key, certification, approval, measurement (the
+    measurement log does not replay to the quoted PCR), unmeasured (no measurement log, but the verifier needs one),
+    module, config (a pinned module or config is not what the log says runs), and, from the
     verifier's memory of earlier sessions (SessionReplayState): nonce-used (a credential was already accepted for
     this nonce: replayed), retired (the session key of an earlier session, superseded by a later one)."""
 
@@ -129,6 +158,20 @@ def _pem(public_key) -> bytes:
     return public_key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
+def _sha_hex(value, what: str) -> str:
+    """A SHA-256 pin as lowercase hex, from 32 bytes or 64 hex digits; ValueError otherwise."""
+    if isinstance(value, (bytes, bytearray)) and len(value) == 32:
+        return bytes(value).hex()
+    if isinstance(value, str) and len(value) == 64:
+        try:
+            decoded = bytes.fromhex(value)  # fromhex skips whitespace: "ab cd…" of 64 characters is fewer bytes
+        except ValueError:
+            decoded = b""
+        if len(decoded) == 32:
+            return decoded.hex()
+    raise ValueError(f"{what} must be a SHA-256: 32 bytes or 64 hex digits")
+
+
 def _check_nonce(nonce) -> bytes:
     if not isinstance(nonce, (bytes, bytearray)) or not MIN_NONCE <= len(nonce) <= MAX_NONCE:
         raise ValueError(f"verifier nonce must be {MIN_NONCE}..{MAX_NONCE} random bytes")
@@ -139,8 +182,10 @@ def _check_nonce(nonce) -> bytes:
 
 @dataclass(frozen=True)
 class SessionCredential:
-    """What the daemon sends the PLC once per session. `quote.pcrs` must be {pcr: pcr_value} and
-    `quote.ak_public_pem` the credential's AK: an inconsistent credential cannot be built."""
+    """What the daemon sends the PLC at each bind. `quote.pcrs` must be {pcr: pcr_value} (plus {measurement_pcr:
+    measurement_value} in version 2) and `quote.ak_public_pem` the credential's AK: an inconsistent credential cannot
+    be built. `measurement_log`: (kind, name, SHA-256 32 bytes) entries, every event extended into `measurement_pcr`
+    since its reset, in order (attestation/measurement.py); with `measurement_pcr` None there is none (version 1)."""
 
     session_public_pem: bytes
     ak_public_pem: bytes
@@ -150,18 +195,40 @@ class SessionCredential:
     verifier_nonce: bytes
     pcr: int = MODEL_PCR
     certification: Certification | None = None  # set when the device key certified the session key
+    measurement_pcr: int | None = None
+    measurement_value: bytes | None = None
+    measurement_log: tuple[tuple[str, str, bytes], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "measurements", tuple(self.measurements))
-        if dict(self.quote.pcrs) != {self.pcr: self.pcr_value}:
-            raise CredentialError(f"the quote's PCR values are not PCR {self.pcr} = the credential's pcr_value",
-                                  "malformed")
+        object.__setattr__(self, "measurement_log", tuple(tuple(e) for e in self.measurement_log))
+        quoted = {self.pcr: self.pcr_value}
+        if self.measurement_pcr is not None:
+            if self.measurement_pcr == self.pcr or self.measurement_value is None:
+                raise CredentialError("the measurement PCR must be another PCR than the session PCR, with its value",
+                                      "malformed")
+            quoted[self.measurement_pcr] = self.measurement_value
+        elif self.measurement_value is not None or self.measurement_log:
+            raise CredentialError("a measurement value or log without the measurement PCR", "malformed")
+        if dict(self.quote.pcrs) != quoted:
+            raise CredentialError("the quote's PCR values are not the credential's: " + " and ".join(
+                f"PCR {i}" for i in sorted(quoted)), "malformed")
         if self.quote.ak_public_pem != self.ak_public_pem:
             raise CredentialError("the quote's AK is not the credential's AK", "malformed")
+        for entry in self.measurement_log:
+            _check_entry(entry)
+
+    @property
+    def version(self) -> int:
+        return CREDENTIAL_VERSION if self.measurement_pcr is None else CREDENTIAL_VERSION_MEASURED
+
+    def measured_entries(self) -> tuple[tuple[str, str, str], ...]:
+        """The measurement log as (kind, name, sha256 hex), as attestation.measurement writes it."""
+        return tuple((kind, name, sha.hex()) for kind, name, sha in self.measurement_log)
 
     def to_cbor(self) -> bytes:
         fields = {
-            K_VERSION: CREDENTIAL_VERSION,
+            K_VERSION: self.version,
             K_SESSION_KEY: _der(serialization.load_pem_public_key(self.session_public_pem)),
             K_AK: _der(serialization.load_pem_public_key(self.ak_public_pem)),
             K_ATTEST: bytes(self.quote.attest),
@@ -176,27 +243,36 @@ class SessionCredential:
             fields[K_DEVICE_KEY] = _der(serialization.load_pem_public_key(c.device_public_pem))
             fields[K_APPROVED_VALUE] = bytes(c.approved_pcr_value)
             fields[K_DEVICE_SIGNATURE] = bytes(c.signature)
+        if self.measurement_pcr is not None:
+            fields[K_MEASUREMENT_PCR] = self.measurement_pcr
+            fields[K_MEASUREMENT_VALUE] = bytes(self.measurement_value)
+            fields[K_MEASUREMENT_LOG] = [[kind, name, bytes(sha)] for kind, name, sha in self.measurement_log]
         return cbor2.dumps(fields)
 
     @classmethod
     def from_cbor(cls, data: bytes) -> "SessionCredential":
-        """Strict: one canonical CBOR map with exactly the keys 1..9 (or 1..12: certified) of the right types
-        and sizes, keys that load as P-256 or Ed25519 public keys; anything else is CredentialError('malformed')."""
+        """Strict: one canonical CBOR map with exactly the keys 1..9 (or 1..12: certified; plus 13..15 in version 2) of
+        the right types and sizes, keys that load as P-256 or Ed25519 public keys; anything else is
+        CredentialError('malformed')."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise CredentialError(f"credential must be bytes, got {type(data).__name__}", "malformed")
         data = bytes(data)
         if len(data) > MAX_CREDENTIAL_BYTES:
             raise CredentialError(f"credential is {len(data)} bytes, more than {MAX_CREDENTIAL_BYTES}", "malformed")
         try:
-            fields = cose.loads_strict(data, "session credential", max_depth=3)
+            fields = cose.loads_strict(data, "session credential", max_depth=4)
         except EnvelopeError as exc:
             raise CredentialError(exc.reason, "malformed") from None
-        if not isinstance(fields, dict) or set(fields) not in (_PLAIN_KEYS, _CERTIFIED_KEYS) \
-                or not all(type(k) is int for k in fields):
-            raise CredentialError(f"credential must be a map with exactly the keys 1..{K_NONCE} (1..{K_DEVICE_SIGNATURE}"
-                                  " when certified)", "malformed")
-        if type(fields[K_VERSION]) is not int or fields[K_VERSION] != CREDENTIAL_VERSION:
-            raise CredentialError(f"credential version must be {CREDENTIAL_VERSION}", "malformed")
+        if not isinstance(fields, dict) or not all(type(k) is int for k in fields):
+            raise CredentialError("credential must be a map with integer keys", "malformed")
+        version = fields.get(K_VERSION)
+        if type(version) is not int or version not in _KEY_SETS:
+            raise CredentialError(f"credential version must be {CREDENTIAL_VERSION} or {CREDENTIAL_VERSION_MEASURED}",
+                                  "malformed")
+        if set(fields) not in _KEY_SETS[version]:
+            extra = "" if version == CREDENTIAL_VERSION else f", plus {K_MEASUREMENT_PCR}..{K_MEASUREMENT_LOG}"
+            raise CredentialError(f"a version {version} credential must be a map with exactly the keys 1..{K_NONCE} "
+                                  f"(1..{K_DEVICE_SIGNATURE} when certified){extra}", "malformed")
         pcr = fields[K_PCR]
         if type(pcr) is not int or not 0 <= pcr < PCR_COUNT:
             raise CredentialError(f"credential PCR index must be in 0..{PCR_COUNT - 1}", "malformed")
@@ -216,11 +292,44 @@ class SessionCredential:
             device_pem = _field_key(fields, K_DEVICE_KEY, "device key")
             certification = Certification(device_pem, _field_bytes(fields, K_APPROVED_VALUE, "approved PCR value", 32, 32),
                                           _field_bytes(fields, K_DEVICE_SIGNATURE, "device key signature", 64, 64))
-        cred = cls(session_pem, ak_pem, Quote(attest, signature, {pcr: pcr_value}, ak_pem), pcr_value,
-                   tuple(measurements), nonce, pcr, certification)
+        quoted = {pcr: pcr_value}
+        measurement_pcr = measurement_value = None
+        log: list = []
+        if version == CREDENTIAL_VERSION_MEASURED:
+            measurement_pcr = fields[K_MEASUREMENT_PCR]
+            if type(measurement_pcr) is not int or not 0 <= measurement_pcr < PCR_COUNT or measurement_pcr == pcr:
+                raise CredentialError(f"credential measurement PCR must be in 0..{PCR_COUNT - 1} and not the session "
+                                      f"PCR {pcr}", "malformed")
+            measurement_value = _field_bytes(fields, K_MEASUREMENT_VALUE, "measurement PCR value", 32, 32)
+            log = fields[K_MEASUREMENT_LOG]
+            if not isinstance(log, list) or len(log) > MAX_LOG_EVENTS:
+                raise CredentialError(f"credential measurement log (key {K_MEASUREMENT_LOG}) must be an array of at "
+                                      f"most {MAX_LOG_EVENTS} entries", "malformed")
+            for entry in log:
+                _check_entry(entry)
+            quoted[measurement_pcr] = measurement_value
+        cred = cls(session_pem, ak_pem, Quote(attest, signature, quoted, ak_pem), pcr_value,
+                   tuple(measurements), nonce, pcr, certification, measurement_pcr, measurement_value,
+                   tuple(tuple(e) for e in log))
         if cred.to_cbor() != data:
             raise CredentialError("credential is not in its one canonical encoding", "malformed")
         return cred
+
+
+def _check_entry(entry) -> None:
+    """One measurement-log entry: [kind, name, SHA-256]: kind 1..64 and name 0..255 UTF-8 bytes without NUL (the
+    event digest separates them by NUL), 32 bytes of SHA-256."""
+    try:
+        ok = (isinstance(entry, (list, tuple)) and len(entry) == 3 and type(entry[0]) is str
+              and type(entry[1]) is str and type(entry[2]) is bytes and len(entry[2]) == 32
+              and 0 < len(entry[0].encode()) <= MAX_KIND_BYTES and len(entry[1].encode()) <= MAX_NAME_BYTES
+              and "\0" not in entry[0] and "\0" not in entry[1])
+    except UnicodeError:  # a lone surrogate: no UTF-8 text
+        ok = False
+    if not ok:
+        raise CredentialError(f"credential measurement log entries must be [kind (text, 1..{MAX_KIND_BYTES} bytes), "
+                              f"name (text, at most {MAX_NAME_BYTES} bytes), SHA-256 (32 bytes)], without NUL",
+                              "malformed")
 
 
 def _field_bytes(fields: dict, key: int, what: str, lo: int, hi: int) -> bytes:
@@ -428,11 +537,17 @@ class TpmSessionSigner:
         self.certification = Certification(device_pem, approved, signature)
         return self.certification
 
-    def bind(self, verifier_nonce: bytes) -> SessionCredential:
+    def bind(self, verifier_nonce: bytes, measurement_log=None) -> SessionCredential:
         """Quote the PCR with extraData = the binding of the session key to `verifier_nonce` (16..64
         bytes the PLC chose). The credential carries what the TPM quoted; the verifier judges it (a reset PCR the
         probe has not seen yet: refused there, `pcr-value`). TpmError while the key is unbound (a reset seen, not yet
-        re-measured; the attestation key gone)."""
+        re-measured; the attestation key gone).
+
+        `measurement_log` (attestation.measurement.MeasurementLog, the daemon's PCR 23 log): the same quote also
+        covers its PCR, read while the log is held still, and the credential carries the log (version 2); TpmError
+        when the quoted value is not the log's (another writer of that PCR), or the log is longer than a credential
+        holds (MAX_LOG_EVENTS). A log kept in software (no TPM) or None: a version 1 credential (PCR 16 only).
+        ValueError for a log on the session PCR itself."""
         nonce = _check_nonce(verifier_nonce)
         extra = session_binding(self._session_public_pem, nonce)
         cert = self.certification  # judged before the quote: a swap meanwhile cannot carry it over
@@ -440,16 +555,44 @@ class TpmSessionSigner:
             cert = None
         if self.unbound_reason is not None:
             raise TpmError(f"no session credential: the session key is not bound ({self.unbound_reason})")
-        with self._lock:
-            esapi = self._open_esapi()
-            try:
-                q = quote(esapi, self._ak, [self.pcr], extra)
-            except _tss().TSS2_Exception as exc:
-                raise TpmError(f"TPM2_Quote with AK 0x{self.ak_handle:08x} through {self.tcti!r} failed: {exc}") \
-                    from exc
-            measurements = tuple(self._measurements)
+        log = measurement_log if measurement_log is not None and measurement_log.tpm is not None else None
+        if log is not None and log.pcr == self.pcr:
+            raise ValueError(f"the measurement log is on the session PCR {self.pcr}: it needs a PCR of its own")
+        pcrs = [self.pcr] if log is None else [self.pcr, log.pcr]
+        held = log.frozen(2 * self._lock.timeout_s) if log is not None else contextlib.nullcontext(((), None))
+        try:
+            with held as (events, value):
+                with self._lock:
+                    esapi = self._open_esapi()
+                    try:
+                        q = quote(esapi, self._ak, pcrs, extra)
+                    except _tss().TSS2_Exception as exc:
+                        raise TpmError(f"TPM2_Quote with AK 0x{self.ak_handle:08x} through {self.tcti!r} failed: "
+                                       f"{exc}") from exc
+                    measurements = tuple(self._measurements)
+        except MeasurementError as exc:
+            raise TpmError(f"no session credential: {exc}") from exc
+        if log is None:
+            return SessionCredential(self._session_public_pem, self._ak_public_pem, q, q.pcrs[self.pcr], measurements,
+                                     nonce, self.pcr, cert)
+        if log.initial != _ZERO:
+            raise TpmError(f"no session credential: the measurement log of PCR {log.pcr} does not start from a reset "
+                           "PCR, so a verifier cannot replay it")
+        if q.pcrs[log.pcr] != value:
+            damaged = getattr(log, "damaged", None)
+            why = (f"the log is damaged ({damaged})" if damaged is not None else
+                   "another writer extends it, or a measurement failed half-way")
+            raise TpmError(f"no session credential: PCR {log.pcr} is {q.pcrs[log.pcr].hex()[:16]}…, its measurement "
+                           f"log gives {value.hex()[:16]}…: {why}; compacting the log (log.compact(), done by "
+                           "sitsd's PLC link before each bind and by the next measurement) resets the PCR and "
+                           "measures what runs again")
+        if len(events) > MAX_LOG_EVENTS:
+            raise TpmError(f"no session credential: the measurement log of PCR {log.pcr} has {len(events)} events, a "
+                           f"credential carries at most {MAX_LOG_EVENTS}; compact it (log.compact(): sitsd's PLC link "
+                           "does before each bind) or restart sitsd (it measures from reset)")
+        entries = tuple((e.kind, e.name, bytes.fromhex(e.sha256)) for e in events)
         return SessionCredential(self._session_public_pem, self._ak_public_pem, q, q.pcrs[self.pcr], measurements,
-                                 nonce, self.pcr, cert)
+                                 nonce, self.pcr, cert, log.pcr, q.pcrs[log.pcr], entries)
 
     def probe(self) -> str | None:
         """TPM2_ReadPublic of the AK, TPM2_ReadClock and TPM2_PCR_Read. TpmError when the TPM does not answer
@@ -643,7 +786,15 @@ class SessionVerifier:
     that key certified is accepted, i.e. one the TPM certified while the measured model and modules were
     some approved ones. Pin which: `approval` with its `authority` (the approval is verified here and must
     approve `expected_model_sha256`; its modules are then the only ones accepted), or `approved_pcr_value`.
-    Without a pin, any approval the authority ever signed for this device key is accepted."""
+    Without a pin, any approval the authority ever signed for this device key is accepted.
+
+    Measured modules and config (version 2 credentials: the quote also covers `measurement_pcr`, 23, and the
+    credential carries its log): the log must replay to the quoted value (`measurement`), the newest model it names
+    must be `expected_model_sha256` (`model`), and the accepted session's `measured` says what runs (MeasuredState:
+    model, modules by stage, config). Pins: `expected_modules` {stage: SHA-256 (hex or 32 bytes)} must be exactly the
+    modules the log says run (`module`), `expected_config_sha256` the config (`config`). A version 1 credential (no
+    log: an older sitsd, or measurement off) is accepted only without pins and without `require_measurements`
+    (`unmeasured`); its session's `measured` is None."""
 
     def __init__(self, trusted_ak_public_pem: bytes, expected_model_sha256: bytes, pcr: int = MODEL_PCR, *,
                  freshness: bool = True, max_age_ns: int | None = DEFAULT_MAX_AGE_NS,
@@ -651,7 +802,9 @@ class SessionVerifier:
                  max_future_ns: int | None = DEFAULT_MAX_FUTURE_NS,
                  max_validity_ns: int | None = DEFAULT_MAX_VALIDITY_NS, trusted_device_key_pem: bytes | None = None,
                  approved_pcr_value: bytes | None = None, approval=None, authority=None,
-                 replay_state: SessionReplayState | None = None) -> None:
+                 replay_state: SessionReplayState | None = None, measurement_pcr: int = MEASUREMENT_PCR,
+                 expected_modules=None, expected_config_sha256: bytes | str | None = None,
+                 require_measurements: bool = False) -> None:
         ak = serialization.load_pem_public_key(trusted_ak_public_pem)
         if not isinstance(ak, ec.EllipticCurvePublicKey) or ak.curve.name != "secp256r1":
             raise ValueError("trusted AK must be an ECDSA P-256 public key")
@@ -680,6 +833,16 @@ class SessionVerifier:
         if approved_pcr_value is not None and len(approved_pcr_value) != 32:
             raise ValueError("approved_pcr_value must be 32 bytes")
         self.approved_pcr_value = approved_pcr_value
+        if type(measurement_pcr) is not int or not 0 <= measurement_pcr < PCR_COUNT or measurement_pcr == pcr:
+            raise ValueError(f"measurement_pcr must be in 0..{PCR_COUNT - 1} and not the session PCR {pcr}")
+        self.measurement_pcr = measurement_pcr
+        self.expected_modules = ({str(stage): _sha_hex(sha, f"expected_modules[{stage!r}]")
+                                  for stage, sha in dict(expected_modules).items()}
+                                 if expected_modules is not None else None)
+        self.expected_config_sha256 = (_sha_hex(expected_config_sha256, "expected_config_sha256")
+                                       if expected_config_sha256 is not None else None)
+        self.require_measurements = bool(require_measurements or self.expected_modules is not None
+                                         or self.expected_config_sha256 is not None)
         self.replay_state = replay_state if replay_state is not None else SessionReplayState()
         # the session's EnvelopeVerifier: freshness on by default, as EnvelopeVerifier's (freshness=False: offline)
         self._envelope_options = {"freshness": freshness, "max_age_ns": max_age_ns, "clock": clock,
@@ -712,13 +875,17 @@ class SessionVerifier:
                                       f"{len(cred.measurements)} measurements: something else was extended",
                                       "pcr-value") from None
             raise CredentialError(f"quote: {exc.reason}", exc.code) from None
-        if self.expected_model_sha256 not in cred.measurements:
+        if cred.measurement_pcr is None and self.expected_model_sha256 not in cred.measurements:
+            # version 1: PCR 16 is the only record of the model (version 2: the PCR 23 log's newest model, below)
             raise CredentialError(f"model {self.expected_model_sha256.hex()[:16]}… was not measured into "
                                   f"PCR {cred.pcr} in this session", "model")
+        measured = self._check_measurements(cred)
         if self._device_der is not None:
             self._check_certification(cred)
         session = SessionEnvelopeVerifier(cred.session_public_pem, self.expected_model_sha256,
                                           **self._envelope_options)
+        session.measured = measured
+        session.measurement_log = cred.measured_entries()
         state = self.replay_state
         with state.lock:
             if nonce in state._nonces:
@@ -736,6 +903,51 @@ class SessionVerifier:
     def sequence_high_water(self) -> int:
         """The highest command sequence any session of this verifier accepted (-1: none yet)."""
         return self.replay_state.sequence_high_water
+
+    def _check_measurements(self, cred: SessionCredential) -> MeasuredState | None:
+        """The measurement PCR's log against its quoted value, the model it says runs, and the pins."""
+        if cred.measurement_pcr is None:
+            if self.require_measurements:
+                raise CredentialError(f"the credential carries no measurement log of PCR {self.measurement_pcr} (a "
+                                      "version 1 credential: an older sitsd, or measurement off), so it does not "
+                                      "prove which modules and config run; this verifier pins them", "unmeasured")
+            return None
+        if cred.measurement_pcr != self.measurement_pcr:
+            raise CredentialError(f"credential quotes measurement PCR {cred.measurement_pcr}, this verifier expects "
+                                  f"PCR {self.measurement_pcr}", "pcr")
+        entries = cred.measured_entries()
+        if replay_entries(entries) != cred.measurement_value:
+            raise CredentialError(f"PCR {cred.measurement_pcr} as quoted is not the replay of the credential's "
+                                  f"{len(entries)} measurement events: the log was edited or events are missing",
+                                  "measurement")
+        state = measured_state(entries)
+        if state.model is None:
+            raise CredentialError(f"measurement PCR {cred.measurement_pcr}: the log names no model, this verifier "
+                                  f"expects {self.expected_model_sha256.hex()[:16]}…", "model")
+        if state.model[1] != self.expected_model_sha256.hex():
+            raise CredentialError(f"measurement PCR {cred.measurement_pcr}: model {state.model[0]} "
+                                  f"{state.model[1][:16]}… runs, this verifier expects "
+                                  f"{self.expected_model_sha256.hex()[:16]}…", "model")
+        if self.expected_modules is not None:
+            for stage in sorted(set(self.expected_modules) | set(state.modules)):
+                want, got = self.expected_modules.get(stage), state.modules.get(stage)
+                if got is None:
+                    raise CredentialError(f"measurement module:{stage}: no module runs at stage {stage}, the pinned "
+                                          f"one is {want[:16]}…", "module")
+                if want is None:
+                    raise CredentialError(f"measurement module:{stage} {got[0]} {got[1][:16]}…: runs, but no module "
+                                          f"is pinned at stage {stage}", "module")
+                if got[1] != want:
+                    raise CredentialError(f"measurement module:{stage} {got[0]} {got[1][:16]}… is not the pinned "
+                                          f"{want[:16]}…", "module")
+        if self.expected_config_sha256 is not None:
+            if state.config is None:
+                raise CredentialError(f"measurement config: no config is measured into PCR {cred.measurement_pcr}, "
+                                      f"the pinned one is {self.expected_config_sha256[:16]}…", "config")
+            if state.config[1] != self.expected_config_sha256:
+                raise CredentialError(f"measurement config {state.config[0]} {state.config[1][:16]}… is not the "
+                                      f"pinned {self.expected_config_sha256[:16]}…", "config")
+        return state
 
     def _check_certification(self, cred: SessionCredential) -> None:
         from .tpm.policy import verify_device_signature
@@ -765,6 +977,10 @@ class SessionEnvelopeVerifier(EnvelopeVerifier):
     of the same SessionReplayState accepted (`replay`). Thread-safe per state (one lock)."""
 
     _state: SessionReplayState | None = None
+    # what the credential's measurement log says runs (MeasuredState), and that log as (kind, name, sha256 hex);
+    # None and () for a version 1 credential
+    measured: MeasuredState | None = None
+    measurement_log: tuple = ()
     _generation = 0
     _own_last = -1  # the highest sequence this session accepted itself
 

@@ -40,6 +40,12 @@ the file and its last hash, so `verify` tells a segment removed by policy from o
 record also carries the removed segment's newest anchor counter (`removed_newest_anchor`): where no anchor
 record is left (the anchor was off, or the TPM out, since), the TPM counter is compared with it.
 
+Readers (`iter_records`, `read_records`, `iter_entries`; `sitsctl audit show`) do not stop at damage: each record is
+checked on its own (it parses, its hash matches) and against the intact record before it, what is not returned is
+reported as an `AuditDamage` (file, line, byte offset, kind, reason) and reading goes on; a damaged zstd frame ends
+its segment (one `frame` report). `strict` readers raise AuditError at the first damage; `verify_chain` and
+`verify_directory` (`sitsctl audit verify`) check the whole chain and fail on any damage.
+
 Anchor (audit.anchor: tpm, sitsd/audit_anchor.py): the chain alone cannot show that its newest records were
 cut off (what is left is a valid prefix). With an anchor, `anchor` records carrying the value of a TPM NV
 counter are written at start, every audit.anchor_interval_s, as the first record of each new segment and at a
@@ -72,10 +78,81 @@ DURABILITY = {  # what each audit.fsync policy promises (status: audit_durable.p
 }
 _SEGMENT = re.compile(r"^commands-(\d{6})-.*\.jsonl(\.zst)?$")
 _ZST = ".zst"
+_CHUNK = 1 << 16  # bytes read from a segment file at a time
+_FEED = 1 << 12  # compressed bytes handed to the zstd decompressor at a time
+
+
+def _zstd_chunks(fh):
+    """The decompressed bytes of a compressed segment, frame after frame. Unlike a stream reader it notices a
+    frame cut short (a truncated file ends without an error there) and a file with no frame at all: both raise
+    zstandard.ZstdError, as a corrupt block or a checksum mismatch does."""
+    dctx = zstandard.ZstdDecompressor()
+    obj, fed, frames = dctx.decompressobj(), False, 0
+    while block := fh.read(_CHUNK):
+        # fed in small pieces: a corrupt block or a checksum mismatch raises in the call that reaches it, and the
+        # output of that call is lost; the records decompressed before it are yielded already
+        for at in range(0, len(block), _FEED):
+            data = block[at:at + _FEED]
+            while data:
+                fed = True
+                out = obj.decompress(data)
+                if out:
+                    yield out
+                if not obj.eof:
+                    break
+                frames += 1
+                data, obj, fed = obj.unused_data, dctx.decompressobj(), False
+    if fed:
+        raise zstandard.ZstdError("the zstd frame ends early: the file is truncated (or bytes follow its frame)")
+    if not frames:
+        raise zstandard.ZstdError("no zstd frame: the file is empty")
+
+
+class _ZstdStream(io.RawIOBase):
+    """A compressed segment's decompressed bytes as a raw stream (`_zstd_chunks`: a truncated frame raises)."""
+
+    def __init__(self, fh) -> None:
+        super().__init__()
+        self._fh, self._chunks = fh, _zstd_chunks(fh)
+        self._buf, self._at = memoryview(b""), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while self._at >= len(self._buf):
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._buf, self._at = memoryview(chunk), 0
+        n = min(len(b), len(self._buf) - self._at)
+        b[:n] = self._buf[self._at:self._at + n]
+        self._at += n
+        return n
+
+    def close(self) -> None:
+        if not self.closed:
+            self._fh.close()
+        super().close()
+
+
+def _open_binary(path: Path):
+    """A segment as bytes (decompressed for .zst) and the path actually opened; as _open_text, a plain segment
+    compressed since it was listed is read from its .zst copy."""
+    if not path.name.endswith(_ZST):
+        try:
+            return open(path, "rb"), path
+        except FileNotFoundError:
+            compressed = path.with_name(path.name + _ZST)
+            if not compressed.exists():
+                raise
+            path = compressed
+    return _ZstdStream(open(path, "rb")), path
 
 
 def _open_text(path: Path):
-    """A segment as text lines, compressed or not (a damaged zstd frame raises zstandard.ZstdError).
+    """A segment as text lines, compressed or not (a damaged zstd frame raises zstandard.ZstdError, a truncated one
+    too: see _zstd_chunks).
     A plain segment that the running daemon compressed since it was listed is read from its .zst: the plain
     file is opened first and only its absence (FileNotFoundError) sends us to the copy, so a compression that
     finishes between a check and the open cannot make a complete segment look missing. Once open, the plain
@@ -88,8 +165,8 @@ def _open_text(path: Path):
             if not compressed.exists():
                 raise
             path = compressed
-    raw = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), read_across_frames=True, closefd=True)
-    return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="\n")
+    return io.TextIOWrapper(io.BufferedReader(_ZstdStream(open(path, "rb"))), encoding="utf-8", errors="replace",
+                            newline="\n")
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -131,7 +208,7 @@ def _entry(line: str) -> tuple[dict, str]:
     try:
         entry = json.loads(line)
         body, stored = entry["record"], entry["hash"]
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise _NotARecord(str(exc)) from None
     if not isinstance(body, dict) or not isinstance(stored, str):
         raise _NotARecord("record is not an object with a hash")
@@ -634,7 +711,7 @@ def _retention_records(files: list[Path]) -> dict[str, str]:
                         body = json.loads(line)["record"]
                         if body.get("type") == "retention":
                             out[body["removed_file"]] = body["removed_last_hash"]
-        except (ValueError, KeyError, zstandard.ZstdError):
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OSError, zstandard.ZstdError):
             continue  # the chain check of that file names the damage
     return out
 
@@ -644,7 +721,7 @@ def segment_header(path: Path) -> dict | None:
         with _open_text(path) as fh:
             body = json.loads(fh.readline())["record"]
         return body if body.get("type") == "segment" else None
-    except (ValueError, KeyError, OSError, zstandard.ZstdError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OSError, zstandard.ZstdError):
         return None
 
 
@@ -662,39 +739,174 @@ def audit_files(target: str | os.PathLike) -> list[Path]:
     return [by_number[n] for n in sorted(by_number)]
 
 
-def read_records(path: str | os.PathLike) -> list[dict]:
-    """The command records of one segment (without its header; a cut-off last line is skipped)."""
-    out = []
-    with _open_text(Path(path)) as fh:
-        for line in fh:
-            if not line.endswith("\n"):
-                break
-            body = json.loads(line)["record"]
-            if "type" not in body:
-                out.append(body)
+class AuditDamage(NamedTuple):
+    """What a reader found wrong at one place of a segment (`iter_records`, `read_records`, `iter_entries`).
+
+    `path` the segment file, `line` the 1-based line (of the decompressed text for a `.zst` segment), `offset`
+    the byte offset where that line starts (in the file for a plain segment, in the decompressed text for a
+    `.zst` one: a zstd frame has no per-line offsets of its own), `kind` and `reason` what is wrong:
+
+      not_a_record  a whole line that is no JSON {"hash": str, "record": {...}}: the line's bytes are damaged
+      modified      a record whose hash does not match its body: edited, or damaged in a way JSON still parses
+      chain         an intact record that does not link to the intact record before it: a record between them
+                    was deleted, or records were reordered or duplicated (the record itself is returned)
+      cut           the file ends mid-line: the torn final write a crash leaves (or a truncated copy); the
+                    partial line is no record. Not damage by itself: `verify` accepts it where the next
+                    segment's header recorded the cut
+      frame         the compressed segment's zstd frame is damaged (bad header, corrupt block, checksum
+                    mismatch) or ends early: nothing after `line` can be decompressed; the records read before
+                    it were checked one by one (hash, link) and are returned
+      unreadable    the file cannot be opened or read (OSError)
+
+    `str()` reads "<file name>:<line> (byte <offset>[ of the decompressed text]): <reason>"."""
+
+    path: str
+    line: int
+    offset: int
+    kind: str
+    reason: str
+
+    @property
+    def file(self) -> str:
+        return Path(self.path).name
+
+    @property
+    def where(self) -> str:
+        return f"byte {self.offset}{' of the decompressed text' if self.file.endswith(_ZST) else ''}"
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} ({self.where}): {self.reason}"
+
+
+class Records(list):
+    """The command records of a segment (a list), with `damage`: what was skipped or is wrong (AuditDamage)."""
+
+    damage: list[AuditDamage]
+
+
+def _raw_lines(fh):
+    """(line bytes, ends in a newline) of a binary stream, split on b"\\n" only; read errors propagate after the
+    whole lines before them were yielded."""
+    rest = b""
+    while True:
+        chunk = fh.read(_CHUNK)
+        if not chunk:
+            break
+        rest += chunk
+        start = 0
+        while (end := rest.find(b"\n", start)) >= 0:
+            yield rest[start:end + 1], True
+            start = end + 1
+        rest = rest[start:]
+    if rest:
+        yield rest, False
+
+
+def _read_segment(path: Path):
+    """Every line of one segment, checked on its own and against the intact record before it, as (line, offset,
+    record body or None, AuditDamage or None): body None with a damage for a line that is not returned; a body
+    with a damage (kind chain) for an intact record out of place. Never raises for what is in the file: a
+    damaged compressed frame or a read error ends it with one last damage. The link check restarts after a
+    damaged line (whose stored hash cannot be trusted) and at the start of the segment (its header links to the
+    previous segment)."""
+    lineno = offset = 0
+    shown = path
+    prev = None
+    try:
+        fh, shown = _open_binary(path)
+        with fh:
+            try:
+                for raw, whole in _raw_lines(fh):
+                    lineno += 1
+                    here, offset = offset, offset + len(raw)
+                    if not whole:
+                        yield lineno, here, None, AuditDamage(str(shown), lineno, here, "cut",
+                                                              f"cut off: the file ends mid-line ({len(raw)} bytes "
+                                                              "after the last newline; what a crash leaves)")
+                        break
+                    try:
+                        body, stored = _entry(raw.decode("utf-8", errors="replace"))
+                    except _NotARecord as exc:
+                        prev = None
+                        yield lineno, here, None, AuditDamage(str(shown), lineno, here, "not_a_record",
+                                                              f"not an audit record ({exc})")
+                        continue
+                    if _digest(body) != stored:
+                        prev = None
+                        yield lineno, here, None, AuditDamage(
+                            str(shown), lineno, here, "modified",
+                            f"record {body.get('seq', body.get('type'))} was modified (hash mismatch)")
+                        continue
+                    damage = None
+                    if prev is not None and body.get("prev") != prev:
+                        damage = AuditDamage(str(shown), lineno, here, "chain",
+                                             "chain broken: the record before it is not the one it links to "
+                                             "(a record was deleted, or records reordered or duplicated)")
+                    prev = stored
+                    yield lineno, here, body, damage
+            except zstandard.ZstdError as exc:
+                yield lineno + 1, offset, None, AuditDamage(
+                    str(shown), lineno + 1, offset, "frame",
+                    f"compressed segment is damaged: nothing after line {lineno} (decompressed byte {offset}) "
+                    f"can be read (zstd: {exc})")
+    except OSError as exc:
+        yield lineno + 1, offset, None, AuditDamage(str(shown), lineno + 1, offset, "unreadable",
+                                                    f"cannot read {shown}: {exc.strerror or exc}")
+
+
+def iter_entries(path: str | os.PathLike):
+    """Every line of one segment as (line, record body or None, AuditDamage or None), to its end, typed records
+    (segment, anchor, close, ...) included: a line that is not returned (damaged, modified, cut off, or the point
+    where a damaged compressed frame or a read error ends the segment) comes with body None and its damage; an
+    intact record that does not link to the intact record before it comes with its body and a `chain` damage.
+    Never raises for what is in the file (`sitsctl audit show`)."""
+    for lineno, _offset, body, damage in _read_segment(Path(path)):
+        yield lineno, body, damage
+
+
+def iter_records(path: str | os.PathLike, on_damage=None, *, strict: bool = False, typed: bool = False):
+    """The records of one segment whose own hash verifies, in order: command records only (without the segment
+    header and the other typed records) unless `typed`. Each line that is not returned, and each intact record
+    that breaks the chain (returned), is handed to `on_damage(AuditDamage)`; reading goes on where it can (a
+    damaged zstd frame or a read error ends the segment). With `strict`, the first damage raises AuditError
+    naming the file, line, byte offset and what is wrong (after on_damage saw it), except a cut-off last line:
+    that is what a crash leaves, reported to on_damage and never raised. The reader checks each record on its
+    own and its link to the intact record before it; `verify_chain`/`verify_directory` (`sitsctl audit verify`)
+    check the whole chain across segments and stay the test of a complete log."""
+    for _lineno, _offset, body, damage in _read_segment(Path(path)):
+        if damage is not None:
+            if on_damage is not None:
+                on_damage(damage)
+            if strict and damage.kind != "cut":
+                raise AuditError(str(damage))
+        if body is not None and (typed or "type" not in body):
+            yield body
+
+
+def read_records(path: str | os.PathLike, on_damage=None, *, strict: bool = False, typed: bool = False) -> Records:
+    """The command records of one segment (without its header), as `iter_records` reads them: tolerant by default,
+    a damaged line is skipped and reported (`on_damage`, and the returned list's `damage`), the records before and
+    after it are returned; `strict` raises AuditError at the first damage instead."""
+    damage: list[AuditDamage] = []
+
+    def seen(d: AuditDamage) -> None:
+        damage.append(d)
+        if on_damage is not None:
+            on_damage(d)
+
+    out = Records(iter_records(path, seen, strict=strict, typed=typed))
+    out.damage = damage
     return out
 
 
 def read_entries(path: str | os.PathLike):
-    """Every line of one segment as (line number, record body or None, what is wrong or None), to its end: a line
-    that is not a record (damaged), a cut-off last line and a damaged compressed frame are yielded as errors, and
-    reading goes on where it can (`sitsctl audit show`). Typed records (segment, anchor, close, ...) included."""
-    lineno = 0
-    try:
-        with _open_text(Path(path)) as fh:
-            for line in fh:
-                lineno += 1
-                if not line.endswith("\n"):
-                    yield lineno, None, "cut off (the file ends mid-line)"
-                    break
-                try:
-                    body, _ = _entry(line)
-                except _NotARecord as exc:
-                    yield lineno, None, f"not an audit record ({exc})"
-                    continue
-                yield lineno, body, None
-    except zstandard.ZstdError as exc:
-        yield lineno + 1, None, f"compressed segment is damaged after line {lineno} ({exc})"
+    """`iter_entries` with the damage as text (its reason): (line, record body or None, what is wrong or None). A
+    chain break comes as its own entry (body None) before the intact record it concerns."""
+    for lineno, body, damage in iter_entries(path):
+        if damage is not None:
+            yield lineno, None, damage.reason
+        if body is not None:
+            yield lineno, body, None
 
 
 class AnchorScanError(Exception):

@@ -425,16 +425,30 @@ class AuditAnchor:
                 "interval_s": self.interval_s}
 
     # -- lifecycle ------------------------------------------------------------------------------------
-    def attach(self, audit: AuditLog) -> "AuditAnchor":
-        """Compare the TPM with the log, anchor the start, then anchor every interval_s on a thread."""
+    def attach(self, audit: AuditLog, register: bool = True) -> "AuditAnchor":
+        """Compare the TPM with the log, anchor the start, then anchor every interval_s on a thread.
+
+        The log learns of the anchor (`audit.anchor`: rotation anchors, the closing anchor in AuditLog.close) only
+        once this is done, so closing the log meanwhile never waits for the start check's TPM calls. `register`
+        False leaves that to the caller (sitsd sets it on its event loop, and not at all when stopped meanwhile)."""
         self.audit = audit
-        audit.anchor = self
         self._prior_segments = sum(1 for f in audit_files(audit.directory) if f.name != audit.path.name)
         if self.check_start():
             self.anchor_now("start")
+        if self._closing:  # abandoned meanwhile (a stop during sitsd's start): no thread
+            return self
         self._thread = threading.Thread(target=self._loop, name="sits-audit-anchor", daemon=True)
         self._thread.start()
+        if register:
+            audit.anchor = self
         return self
+
+    def abandon(self) -> None:
+        """The start that attached this anchor was stopped before it took it: stop the thread, without waiting
+        and without a TPM call (the log never knew the anchor, so it writes no closing anchor)."""
+        self._closing = True
+        self._stop.set()
+        self._wake.set()
 
     def _loop(self) -> None:
         due = time.monotonic() + self.interval_s

@@ -114,6 +114,12 @@ def _cmd_status(args) -> int:
              if tpm.get("bound") is False else "; TPM answers"
              + (f" (reset {tpm['resets']}x, re-measured)" if tpm.get("resets") else "")))
     print(f"  PLC     {answer['plc']}")
+    link, mlog = answer.get("plc_link") or {}, answer.get("measurement_log")
+    if mlog and answer.get("signing_mode") == "tpm-session":  # the credential re-written after each measurement
+        print(f"  session re-binds {link.get('rebinds', 0)} (failed {link.get('rebind_failures', 0)}); measurement "
+              f"log {mlog['events']} events (PCR {mlog['pcr']}), compacted {link.get('compactions', 0)}x"
+              + (f" at {mlog['compact_at']}" if mlog.get("compact_at") else "")
+              + (f"; COMPACTION FAILED ({mlog['compaction_error']})" if mlog.get("compaction_error") else ""))
     print(f"  frames {c['frames']}  commands {c['commands']}  dropped {c['dropped']}  fail-safe {c['failsafe']}  "
           f"deadline missed {c['deadline_missed']}  expired {c['expired']}  write errors {c['write_errors']}")
     print(f"  latency p50 {lat['p50'] / 1000:.2f} ms  p99 {lat['p99'] / 1000:.2f} ms  max {lat['max'] / 1000:.2f} ms")
@@ -176,20 +182,31 @@ def _cmd_audit(args) -> int:
 
 
 def _audit_show(args, files: list[Path]) -> int:
-    """`sitsctl audit show`: the command records readably; a line that cannot be read is named (file:line) on
-    stderr and skipped (exit 1 at the end); --full adds model hash, input digest, proof reference and envelope."""
-    from .audit import read_entries
+    """`sitsctl audit show`: the command records readably; --full adds model hash, input digest, proof reference and
+    envelope. It is a reader: a line that is not shown (not a record, a record whose hash does not match, a cut-off
+    last line, the point where a damaged compressed frame ends the segment) is named (file:line, byte offset, what
+    is wrong) on stderr and skipped, an intact record that breaks the chain is shown and named, and reading goes on
+    (exit 1 at the end). `sitsctl audit verify` is the check of the whole chain."""
+    from .audit import iter_entries
 
     bad = 0
     for f in files:
-        shown = []  # (line, record) or (line, error): --last counts both
-        for lineno, body, error in read_entries(f):
-            if error is not None or "type" not in body:
-                shown.append((lineno, body, error))
-        for lineno, r, error in shown[-args.last:] if args.last else shown:
-            if error is not None:
+        shown = []  # (line, record, damage): --last counts records and damaged lines alike
+        for lineno, body, damage in iter_entries(f):
+            if damage is not None or "type" not in body:
+                shown.append((lineno, body if body is not None and "type" not in body else None, damage))
+        named = hidden = 0  # a damaged zstd frame can garble thousands of lines: the first are named, then a count
+        for lineno, r, damage in shown[-args.last:] if args.last else shown:
+            if damage is not None:
                 bad += 1
-                print(f"{f}:{lineno}: {error}; skipped (`sitsctl audit verify` checks the chain)", file=sys.stderr)
+                what = "shown" if r is not None else "intact, a log record" if damage.kind == "chain" else "skipped"
+                if named < SHOW_DAMAGED_LINES or damage.kind in ("frame", "unreadable"):
+                    named += 1
+                    print(f"{f}:{lineno}: {damage.reason} ({damage.where}); {what} (`sitsctl audit verify` checks "
+                          "the chain)", file=sys.stderr)
+                else:
+                    hidden += 1
+            if r is None:
                 continue
             try:
                 values = ", ".join(f"{v:.6g}" for v in r.get("values") or [])
@@ -207,7 +224,12 @@ def _audit_show(args, files: list[Path]) -> int:
                 print(f"    model {r.get('model_sha256')}  input {r.get('input_sha256')}")
                 print(f"    proof {ref}")
                 print(f"    envelope {r.get('envelope')}")
+        if hidden:
+            print(f"{f}: {hidden} more damaged line(s) not named here; skipped", file=sys.stderr)
     return 1 if bad else 0
+
+
+SHOW_DAMAGED_LINES = 20  # per segment, `sitsctl audit show`
 
 
 def _read_anchor_counter(args, target: Path):

@@ -48,6 +48,16 @@ def register(sub) -> None:
     dp.add_argument("--approval", type=Path, default=None, help="approval file (default attestation.approval)")
     dp.add_argument("--authority-pub", type=Path, default=None,
                     help="authority public key, PEM (default attestation.authority_key)")
+    dp.add_argument("--enrollment", type=Path, default=None, metavar="FILE",
+                    help="tpm2: the device's enrollment record (`sitsctl enroll --verify -o FILE`); the AK that "
+                    "quotes this deployment (the running sitsd's, or the TPM's) must be the enrolled one, else "
+                    "[FAIL] and a live load is undone. Default: <audit.directory>/enrollment.json when it exists; "
+                    "without a record the AK is trusted on first use (a warning says so)")
+    dp.add_argument("--enrollment-authority", type=Path, default=None, metavar="PUB.pem",
+                    help="accept the enrollment record only if signed by this P-256 public key "
+                    "(`sitsctl enroll --verify --signing-key`); default attestation.enrollment_authority. Without "
+                    "either the record's signature is not checked: staged as ak_trust enrolled-unverified, with a "
+                    "warning")
     dp.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
     dp.add_argument("--json", action="store_true", help="also print the deployment record as JSON (last line)")
     dp.set_defaults(func=_cmd_deploy)
@@ -207,20 +217,28 @@ def _deploy(args) -> dict:
                        f"{[e[:2] for e in approval.events]}, config {[e[:2] for e in approved]})")
         if approval.pcr != a.measurement_pcr:
             raise Fail(f"the approval is for PCR {approval.pcr}, attestation.measurement_pcr is {a.measurement_pcr}")
+    enrollment = _enrollment(args, cfg, mode)  # before the TPM or the daemon is touched
     nonce = os.urandom(32)
     approval_bytes = approval_path.read_bytes() if approval is not None else b""
     approval_sha = hashlib.sha256(approval_bytes).hexdigest()
     running = _running_daemon(cfg)
     if running is not None and mode != "none":
         return _deploy_live(args, cfg, mode, running, approval, authority, approval_path.name, approval_sha,
-                            approved, nonce)
+                            approved, nonce, enrollment)
 
     staging = Path(tempfile.mkdtemp(prefix="sits-deploy-"))
     log_path = staging / "measurements.jsonl"
     try:
+        trusted_ak = None
         if mode == "tpm2":
             record = _measure_tpm(cfg, events, approval, authority, approval_sha, approval_path, nonce, log_path,
                                   measure)
+            if enrollment is not None:
+                _check_enrolled_ak(enrollment, record["ak_public_pem"], cfg, "the TPM's AK")
+                trusted_ak = enrollment.ak_public_pem
+                _note_ak_trust(record, enrollment.trust, enrollment)
+            else:
+                _note_ak_trust(record, "read-from-tpm", None, record["ak_public_pem"], cfg)
         elif mode == "software":
             print("WARNING: --attestation-mode software: the measurements are replayed in software, no TPM quotes "
                   "or signs them; anyone with write access to audit.directory could forge this record. Development "
@@ -238,7 +256,7 @@ def _deploy(args) -> dict:
         if mode == "none":  # checks only: a record without measurements would replace a measured one
             record["staged"] = "nothing (attestation mode none)"
             return record
-        verify_record(record, nonce=nonce, authority=authority)
+        verify_record(record, nonce=nonce, authority=authority, ak_public_pem=trusted_ak)
         try:
             record["staged"] = str(write_record(record, Path(cfg.audit.directory), log_path))
         except OSError as exc:
@@ -291,6 +309,106 @@ def _measure_tpm(cfg, events, approval, authority, approval_sha, approval_path, 
         esapi.close()
 
 
+def _enrollment(args, cfg, mode):
+    """The checked enrollment record (attestation.tpm.enroll.Enrollment) that pins the AK, or None: --enrollment,
+    else <audit.directory>/enrollment.json when it exists (tpm2 mode only). Its signature is checked with
+    --enrollment-authority, else attestation.enrollment_authority of the config; with neither it is not (the
+    record is then "enrolled-unverified": a warning says so). Fail when a record is given or installed but does
+    not check, or when an authority is configured and there is no record: a damaged or missing pin must never
+    fall back to trust on first use."""
+    from attestation.tpm.enroll import DEFAULT_RECORD_NAME, EnrollError, load_enrollment
+
+    configured = cfg.attestation.enrollment_authority if mode == "tpm2" else None
+    authority_path, authority_option = ((args.enrollment_authority, "--enrollment-authority")
+                                        if args.enrollment_authority is not None else
+                                        (configured, "attestation.enrollment_authority"))
+    path, default = args.enrollment, Path(cfg.audit.directory) / DEFAULT_RECORD_NAME
+    if path is None:
+        if mode != "tpm2" or not default.exists():
+            if args.enrollment_authority is not None:
+                raise Fail(f"--enrollment-authority given, but there is no enrollment record to check (no "
+                           f"--enrollment and no {default}) in {mode} mode")
+            if configured is not None:
+                raise Fail(f"attestation.enrollment_authority is set ({configured}), but there is no enrollment "
+                           f"record: install the record `sitsctl enroll --verify --signing-key` wrote as {default}, "
+                           "or pass --enrollment FILE (a configured enrollment authority never falls back to trust "
+                           "on first use)")
+            return None
+        path = default
+    elif mode != "tpm2":
+        raise Fail(f"--enrollment pins the TPM's attestation key, and --attestation-mode {mode} quotes with none: "
+                   "deploy with --attestation-mode tpm2, or leave --enrollment out")
+    authority = None
+    if authority_path is not None:
+        from attestation.tpm.policy import PolicyError, load_authority_public
+
+        try:
+            authority = load_authority_public(authority_path)
+        except PolicyError as exc:
+            raise Fail(f"{authority_option}: {exc.reason}") from None
+    try:
+        return load_enrollment(path, authority=authority)
+    except EnrollError as exc:
+        if args.enrollment is None:  # the installed default: say how to get past a stale or old record
+            raise Fail(f"{exc.reason} (this is the default record of <audit.directory>: remove or replace {path}, "
+                       "or pass --enrollment FILE)") from None
+        raise Fail(exc.reason) from None
+
+
+def _check_enrolled_ak(enrollment, ak_public_pem: str, cfg, whose: str) -> None:
+    """Fail unless `ak_public_pem` (what quoted this deployment) is the enrolled AK."""
+    from attestation.tpm.enroll import ak_fingerprint
+
+    if enrollment.matches(ak_public_pem):
+        return
+    handle = cfg.attestation.ak_handle
+    hint = ""
+    try:
+        if enrollment.ak_handle and int(enrollment.ak_handle, 0) != handle:
+            hint = (f"; the record enrolled the AK at {enrollment.ak_handle}, the config's attestation.ak_handle is "
+                    f"0x{handle:08x}")
+    except ValueError:
+        pass
+    raise Fail(f"ak: {whose} (attestation.ak_handle 0x{handle:08x}, sha256:{ak_fingerprint(ak_public_pem)}…) is not "
+               f"the AK enrolled in {enrollment.path} (sha256:{enrollment.ak_fingerprint}…, enrolled "
+               f"{enrollment.enrolled_at}): another TPM, or an AK re-created since the enrollment{hint}; if the AK "
+               "was replaced on purpose, enroll the device again (docs/enroll.md)")
+
+
+def _note_ak_trust(record: dict, how: str, enrollment=None, ak_public_pem: str | None = None, cfg=None) -> None:
+    """Say (stderr) and record (`ak_trust`) how the AK that quoted this deployment came to be trusted."""
+    from attestation.tpm.enroll import DEFAULT_RECORD_NAME, ak_fingerprint
+
+    record["ak_trust"] = how
+    if enrollment is not None:
+        record["enrollment"] = enrollment.describe()
+        print(f"AK: {how} (sha256:{enrollment.ak_fingerprint}…, {enrollment.path}, ek_trust "
+              f"{enrollment.ek_trust}{', record signature verified' if enrollment.signature_checked else ''})",
+              file=sys.stderr)
+        if not enrollment.signature_checked:
+            print(f"WARNING: ENROLLMENT RECORD NOT SIGNATURE-CHECKED: no enrollment authority key was given, so "
+                  f"{enrollment.path} is trusted for its integrity digest alone, which anyone can recompute: a "
+                  "compromised host could have written this record (the default one lies in sitsd's own, "
+                  "writable, audit.directory) and named its own AK. Sign the record at enrollment (`sitsctl "
+                  "enroll --verify ... --signing-key KEY.pem`) and give its public key (--enrollment-authority "
+                  "PUB.pem, or attestation.enrollment_authority in the config)", file=sys.stderr)
+        return
+    where = f"--enrollment FILE or {Path(cfg.audit.directory) / DEFAULT_RECORD_NAME}"
+    fp = ak_fingerprint(ak_public_pem) if ak_public_pem else "?"
+    if how == "first-use":
+        print(f"WARNING: AK TRUSTED ON FIRST USE: no enrollment record ({where}) and no earlier deployment, so "
+              f"the AK the running sitsd reported (sha256:{fp}…) was trusted as reported; a host that fakes its "
+              "TPM would pass this check. Enroll the device (`sitsctl enroll`, docs/enroll.md) and deploy with its "
+              "record", file=sys.stderr)
+    elif how == "previous-deployment":
+        print(f"WARNING: AK not enrolled: checked against the AK of the previous deployment (sha256:{fp}…), which "
+              f"was itself trusted on first use; no enrollment record ({where}). Enroll the device (`sitsctl "
+              "enroll`, docs/enroll.md) to pin it", file=sys.stderr)
+    else:
+        print(f"note: AK not enrolled: the quote is checked with the AK this TPM reports (sha256:{fp}…); no "
+              f"enrollment record ({where}) pins it (`sitsctl enroll`, docs/enroll.md)", file=sys.stderr)
+
+
 def _running_daemon(cfg) -> dict | None:
     """The status of the sitsd answering on control.socket, or None."""
     from .control import request
@@ -307,7 +425,8 @@ def _one_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _deploy_live(args, cfg, mode, status, approval, authority, approval_name, approval_sha, approved, nonce) -> dict:
+def _deploy_live(args, cfg, mode, status, approval, authority, approval_name, approval_sha, approved, nonce,
+                 enrollment=None) -> dict:
     """A running sitsd owns the measurement PCR (its hot-swap log), so it loads and measures the checked
     deployment itself (`deploy_verified`), and quotes its log with our nonce; we verify that quote, stage the
     record and confirm (`deploy_commit`). On any failure after the load we ask it to undo the load
@@ -354,7 +473,9 @@ def _deploy_live(args, cfg, mode, status, approval, authority, approval_name, ap
     staged = False
     try:
         trusted = None
-        if before is not None:  # the AK of the last verified deployment: the same TPM must answer now
+        if enrollment is not None:  # the enrolled AK, and no other (docs/enroll.md)
+            trusted = enrollment.ak_public_pem.decode()
+        elif before is not None:  # the AK of the last verified deployment: the same TPM must answer now
             try:
                 trusted = load_record(previous).get("ak_public_pem")
             except DeployError:
@@ -362,6 +483,13 @@ def _deploy_live(args, cfg, mode, status, approval, authority, approval_name, ap
         try:
             record = live_record(answer, nonce=nonce, approval=approval,
                                  device_key_handle=cfg.attestation.device_key_handle)
+            if mode == "tpm2":
+                if enrollment is not None:
+                    _check_enrolled_ak(enrollment, record["ak_public_pem"], cfg, "the running sitsd's AK")
+                    _note_ak_trust(record, enrollment.trust, enrollment)
+                else:
+                    _note_ak_trust(record, "previous-deployment" if trusted else "first-use", None,
+                                   trusted or record["ak_public_pem"], cfg)
             verify_record(record, nonce=nonce, authority=authority,
                           ak_public_pem=trusted.encode() if trusted else None)
         except DeployError as exc:

@@ -7,6 +7,7 @@ credential activation (attestation/tpm/enroll.py, docs/enroll.md). Four steps, t
                                                                          --pending, default enroll.pending.json)
   device    sitsctl enroll --activate challenge.json -o response.json    TPM2_ActivateCredential
   verifier  sitsctl enroll --verify response.json -o enrollment.json     compares; writes the enrollment record
+  anyone    sitsctl enroll --check-record enrollment.json                checks a record as the PLC side does
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ import secrets
 import sys
 from pathlib import Path
 
-REQUEST, CHALLENGE, PENDING, RESPONSE, RECORD = (f"sits-enroll-{k}/1" for k in
-                                                 ("request", "challenge", "pending", "response", "record"))
+REQUEST, CHALLENGE, PENDING, RESPONSE = (f"sits-enroll-{k}/1" for k in ("request", "challenge", "pending", "response"))
+RECORD = "sits-enroll-record/2"  # attestation.tpm.enroll.RECORD_FORMAT: with record_sha256 and optional signature
 DEFAULT_PENDING = Path("enroll.pending.json")
 
 
@@ -201,6 +202,17 @@ def _check_ek_trust(args, ek, cert_der: bytes | None) -> str:
         raise Refused(f"the EK certificate (issuer {cert.issuer.rfc4514_string() or '(empty)'}) was not issued by "
                       f"any certificate in --ek-ca {' '.join(str(p) for p in args.ek_ca)}: refused. Add the TPM "
                       "manufacturer's intermediate CA certificate")
+    if trust in ("none", "certificate-unchecked") and not args.trust_unverified_ek:
+        what = ("the request carries an EK certificate, but no --ek-ca was given to check who issued it"
+                if trust == "certificate-unchecked" else "the request carries no EK certificate and no --expect-ek "
+                "was given")
+        raise Refused(f"nothing vouches for this device's EK ({what}; EK public key SHA-256 "
+                      f"{hashlib.sha256(ek.public_key_der()).hexdigest()}). Credential activation alone proves only "
+                      "that the AK shares a TPM with whatever key the device calls its EK, which a compromised host "
+                      "can make up. Give --ek-ca CA.pem (the TPM manufacturer's issuing CA), or --expect-ek EK.pem "
+                      "(the EK public key recorded for this device at manufacturing or commissioning), or, to trust "
+                      "this EK on first use after comparing the hash above out of band, --trust-unverified-ek (the "
+                      f"record then says ek_trust \"{trust}\")")
     return trust
 
 
@@ -218,6 +230,7 @@ def _cmd_challenge(args) -> dict:
         E.check_ak(ak)
         ek = E.parse_public(ek_public, "EK public area")
         E.check_ek(ek)
+        E.check_ak_usable(ak)
     except E.EnrollError as exc:
         raise Refused(f"{args.challenge}: {exc}") from None
     trust = _check_ek_trust(args, ek, cert)
@@ -297,33 +310,123 @@ def _cmd_verify(args) -> dict:
         pending["ek_kind"], pending["ek_trust"]
     except (KeyError, ValueError, TypeError, E.EnrollError) as exc:
         raise Fail(f"{args.pending} is damaged ({exc!r}): run `sitsctl enroll --challenge` again") from None
+    signing_key = None
+    if args.signing_key is not None:  # before the secret is compared: a bad key must not use up the challenge
+        from attestation.tpm.policy import PolicyError, load_authority_private
+
+        try:
+            signing_key = load_authority_private(args.signing_key)
+        except PolicyError as exc:
+            raise Fail(f"--signing-key: {exc.reason.replace('authority', 'enrollment signing')}") from None
     if not E.secret_matches(kept, answered):
         raise Refused("the device answered another secret than the one encrypted to its EK: the AK and the EK are "
                       "not proven to be in the same TPM; refused (no record written)")
+    ek_sha = hashlib.sha256(ek.public_key_der()).hexdigest()
     record = {"format": RECORD, "enrolled_at": _now(), "challenge_id": pending["challenge_id"],
               "ak_handle": pending.get("ak_handle"), "ak_name": ak.name().hex(),
               "ak_public_pem": ak.public_key_pem().decode(), "ak_public": pending["ak_public"],
-              "ek_kind": pending["ek_kind"], "ek_public_sha256": hashlib.sha256(ek.public_key_der()).hexdigest(),
+              "ek_kind": pending["ek_kind"], "ek_public": pending["ek_public"], "ek_public_sha256": ek_sha,
               "ek_public_pem": ek.public_key_pem().decode(),
               "ek_certificate_sha256": hashlib.sha256(cert).hexdigest() if cert else None,
-              "ek_trust": pending["ek_trust"], "request_sha256": pending.get("request_sha256")}
+              "ek_trust": pending["ek_trust"], "request_sha256": pending.get("request_sha256"),
+              # what this verifier checked: the secret it encrypted to this EK, bound to this AK Name, came back
+              "activation": {"method": E.ACTIVATION_METHOD, "challenge_id": pending["challenge_id"],
+                             "ak_name": ak.name().hex(), "ek_public_sha256": ek_sha,
+                             "challenged_at": pending.get("created_at"), "verified_at": _now()}}
+    record = E.seal_record(record, signing_key)
+    try:
+        E.check_enrollment(record, "being written")  # what every reader checks: never write one they would refuse
+    except E.EnrollError as exc:
+        raise Fail(f"{args.pending}: the record made from it does not check ({exc.reason})") from None
     try:
         os.unlink(args.pending)  # one challenge, one answer
     except OSError:
         pass
+    signed = f"signed by {record['signature']['key_id'][:16]}…" if signing_key else "not signed"
     print(f"sitsctl enroll: OK: AK {ak.name().hex()[:20]}… is in the TPM of EK {record['ek_public_sha256'][:16]}… "
-          f"(EK trust: {record['ek_trust']})", file=sys.stderr)
+          f"(EK trust: {record['ek_trust']}; record {signed})", file=sys.stderr)
+    if args.output is not None:
+        print(f"sitsctl enroll: give {args.output} to the PLC (`sitsctl plcsim --enrollment`) and install it on the "
+              f"device as <audit.directory>/{E.DEFAULT_RECORD_NAME} (or pass `sitsctl deploy --enrollment`)"
+              + (", with --enrollment-authority PUB.pem (attestation.enrollment_authority for deploy)"
+                 if signing_key else ""), file=sys.stderr)
+    if signing_key is None:
+        print("sitsctl enroll: WARNING: the record is not signed: anyone who can write it (the device's own sitsd, "
+              "for <audit.directory>/enrollment.json) can change its AK and recompute its digest, and readers will "
+              "say enrolled-unverified; sign it with --signing-key KEY.pem and give readers the public key",
+              file=sys.stderr)
     return record
+
+
+def _cmd_check_record(args) -> dict:
+    """Check a record exactly as the PLC side does (attestation.tpm.enroll.load_enrollment)."""
+    from attestation.tpm import enroll as E
+
+    problem = E.ek_trust_requirement_problem(args.require_ek_trust, args.enrollment_authority,
+                                             option="--require-ek-trust", authority_option="--enrollment-authority PUB.pem")
+    if problem is not None:
+        raise Fail(problem)
+    try:
+        with open(args.check_record, "rb"):
+            pass
+    except OSError as exc:
+        raise Fail(f"cannot read {args.check_record}: {exc.strerror or exc}") from None
+    authority = None
+    if args.enrollment_authority is not None:
+        from attestation.tpm.policy import PolicyError, load_authority_public
+
+        try:
+            authority = load_authority_public(args.enrollment_authority)
+        except PolicyError as exc:
+            raise Fail(f"--enrollment-authority: {exc.reason}") from None
+    try:
+        enrollment = E.load_enrollment(args.check_record, authority=authority, min_ek_trust=args.require_ek_trust)
+    except E.EnrollError as exc:
+        raise Refused(exc.reason) from None
+    signature = (f"verified, by {enrollment.signed_by[:16]}…" if enrollment.signature_checked else
+                 f"claims key {enrollment.claimed_signed_by[:16]}…, NOT checked: give --enrollment-authority"
+                 if enrollment.claimed_signed_by else "none, NOT checked: anyone who can write the file could have "
+                 "written it")
+    print(f"sitsctl enroll: OK: {args.check_record} enrolls AK {enrollment.ak_name[:20]}… (ek_trust "
+          f"{enrollment.ek_trust}; signature {signature})", file=sys.stderr)
+    return enrollment.describe()
 
 
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+# option -> (the step it belongs to, that step's option): given with another step it is refused, never ignored
+_STEP_OPTIONS = {"signing_key": ("--signing-key", "verify", "--verify"),
+                 "trust_unverified_ek": ("--trust-unverified-ek", "challenge", "--challenge"),
+                 "ek_ca": ("--ek-ca", "challenge", "--challenge"),
+                 "expect_ek": ("--expect-ek", "challenge", "--challenge"),
+                 "enrollment_authority": ("--enrollment-authority", "check_record", "--check-record"),
+                 "require_ek_trust": ("--require-ek-trust", "check_record", "--check-record")}
+
+
+def _step_name(args) -> str:
+    for name in ("challenge", "activate", "verify", "check_record"):
+        if getattr(args, name):
+            return name
+    return "request"
+
+
+def _check_step_options(args) -> None:
+    step = _step_name(args)
+    for dest, (option, wanted, wanted_option) in _STEP_OPTIONS.items():
+        if getattr(args, dest) and step != wanted:
+            here = "the device's request step (no step option)" if step == "request" else \
+                f"--{step.replace('_', '-')}"
+            raise Fail(f"{option} goes with {wanted_option}, not with {here}: it would have no effect here; leave "
+                       f"it out, or run `sitsctl enroll {wanted_option} ...`")
+
+
 def _cmd_enroll(args) -> int:
     step = (_cmd_challenge if args.challenge else _cmd_activate if args.activate
-            else _cmd_verify if args.verify else _cmd_request)
+            else _cmd_verify if args.verify else _cmd_check_record if args.check_record else _cmd_request)
     try:
+        _check_step_options(args)
         doc = step(args)
     except Refused as exc:
         print(f"sitsctl enroll: REFUSED: {exc}", file=sys.stderr)
@@ -358,10 +461,15 @@ def register(sub) -> None:
 Without a step option it is the device's first step. The request carries the EK public area, the EK
 certificate when the TPM has one in NV, and the AK public area. The verifier refuses an AK that is not a
 restricted signing key with fixedTPM and fixedParent, computes the AK's Name itself, and keeps the secret
-in --pending (mode 0600; deleted once verified). The enrollment record binds the AK public key (PEM) to the
-EK public key and certificate hashes; give its ak_public_pem to the quote verifier instead of trusting an AK
-on first use. The TPM: --tcti STRING (or SITS_TCTI), else attestation.tcti of --config. Exit status: 0 done,
-1 refused (says why), 2 could not run. See docs/enroll.md.""")
+in --pending (mode 0600; deleted once verified). --challenge refuses an EK nothing vouches for unless
+--trust-unverified-ek is given: pass --ek-ca or --expect-ek. The enrollment record binds the AK public key to
+the EK public key and certificate hashes and carries an integrity digest (and a signature with --signing-key);
+give it to the PLC (`sitsctl plcsim --enrollment FILE`) and to `sitsctl deploy` (--enrollment FILE, or
+<audit.directory>/enrollment.json on the device): they then trust that AK only, never one on first use.
+Readers check the signature only when given the signer's public key (--enrollment-authority; deploy also
+attestation.enrollment_authority); otherwise the record is only as trustworthy as whoever could write it.
+The TPM: --tcti STRING (or SITS_TCTI), else attestation.tcti of --config. Exit status: 0 done, 1 refused
+(says why), 2 could not run. See docs/enroll.md.""")
     step = en.add_mutually_exclusive_group()
     step.add_argument("--challenge", type=Path, metavar="REQUEST.json",
                       help="verifier: check a device's request and write the challenge (no TPM needed)")
@@ -369,6 +477,9 @@ on first use. The TPM: --tcti STRING (or SITS_TCTI), else attestation.tcti of --
                       help="device: activate the credential in the TPM and write the response")
     step.add_argument("--verify", type=Path, metavar="RESPONSE.json",
                       help="verifier: compare the response with the kept secret and write the enrollment record")
+    step.add_argument("--check-record", type=Path, metavar="ENROLLMENT.json",
+                      help="anyone: check an enrollment record as the PLC side does (digest, signature with "
+                      "--enrollment-authority, AK and EK, --require-ek-trust); exit 0 and a summary when it passes")
     en.add_argument("-o", "--output", type=Path, default=None,
                     help="where this step writes its JSON (default: stdout)")
     en.add_argument("--pending", type=Path, default=DEFAULT_PENDING,
@@ -387,4 +498,20 @@ on first use. The TPM: --tcti STRING (or SITS_TCTI), else attestation.tcti of --
                     "EK certificate must be issued by one of them")
     en.add_argument("--expect-ek", type=Path, default=None, metavar="EK.pem",
                     help="verifier --challenge: the EK public key recorded for this device (PEM); refuse any other")
+    en.add_argument("--trust-unverified-ek", action="store_true",
+                    help="verifier --challenge: without --ek-ca or --expect-ek, enroll anyway and trust the EK on "
+                    "first use (recorded as ek_trust none or certificate-unchecked). Without it such a challenge "
+                    "is refused: nothing would show the EK is a real TPM's")
+    en.add_argument("--signing-key", type=Path, default=None, metavar="KEY.pem",
+                    help="verifier --verify: sign the enrollment record with this P-256 private key (PEM; make "
+                    "one with `sitsctl policy keygen`); readers given its public key refuse unsigned or altered "
+                    "records")
+    en.add_argument("--enrollment-authority", type=Path, default=None, metavar="PUB.pem",
+                    help="--check-record: require the record's signature by this public key (without it the "
+                    "signature is not checked, and the record is only as trustworthy as whoever could write it)")
+    en.add_argument("--require-ek-trust", default=None, choices=("certificate-chain", "pinned",
+                                                                  "certificate-unchecked", "none"),
+                    help="--check-record: the weakest ek_trust accepted (strongest first: certificate-chain, "
+                    "pinned, certificate-unchecked, none); default any. A level above none needs "
+                    "--enrollment-authority (ek_trust is a field of the record: only its signature protects it)")
     en.set_defaults(func=_cmd_enroll)

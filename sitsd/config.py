@@ -20,7 +20,8 @@ from .schema import (_ADDRESS_FIELDS, _TRANSPORT_KINDS, Actuator, AttestationSec
 
 # the section types are part of this module's surface: `from sitsd.config import Signal` keeps working
 __all__ = [
-    "Config", "load_config", "Signal", "Condition", "parse_when", "LinearConstraint", "Module", "ModelSection",
+    "Config", "load_config", "read_config_bytes", "Signal", "Condition", "parse_when", "LinearConstraint", "Module",
+    "ModelSection",
     "PlcSection", "UadpUdpTransport", "UadpEthTransport", "OpcUaSubscriptionTransport", "TransportSection",
     "PtpSection", "TimingSection", "Actuator", "SafetySection", "AttestationSection", "AuditSection",
     "ControlSection", "RuntimeSection", "MetricsSection", "LoggingSection",
@@ -111,10 +112,43 @@ def _cross_checks(cfg: Config) -> list[tuple[tuple, str]]:
     if cfg.audit.anchor == "tpm" and cfg.attestation.mode != "tpm2":
         problems.append((("audit", "anchor"), "anchor tpm needs attestation.mode tpm2: the anchor counter lives in "
                          "the TPM the signer uses; set audit.anchor: off with attestation.mode software"))
+    problems += _enrollment_authority_problems(cfg)
     if cfg.model.kind == "streaming" and cfg.proof.policy != "off":
         problems.append((("proof", "policy"), "proofs need the MLP's circuit; there is no circuit for the streaming "
                          "transformer (attention): set proof.policy: off, or use model.kind: mlp"))
     return problems
+
+
+def _enrollment_authority_problems(cfg: Config) -> list[tuple[tuple, str]]:
+    """attestation.enrollment_authority must be a P-256 public key outside audit.directory: a key the daemon
+    under verification could replace would vouch for whatever AK record it writes."""
+    path = cfg.attestation.enrollment_authority
+    if path is None:
+        return []
+    loc = ("attestation", "enrollment_authority")
+    audit = Path(cfg.audit.directory).resolve()
+    resolved = Path(path).resolve()
+    if resolved == audit or audit in resolved.parents:
+        return [(loc, f"{path} is inside audit.directory ({cfg.audit.directory}), which sitsd itself writes: the "
+                      "daemon being verified could replace the key that vouches for its AK; keep the enrolling "
+                      "verifier's public key elsewhere (e.g. next to this config)")]
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    try:
+        key = serialization.load_pem_public_key(Path(path).read_bytes())
+    except FileNotFoundError:
+        return [(loc, f"{path} does not exist (the enrolling verifier's public key, PEM; relative paths are "
+                      "resolved against the config's directory)")]
+    except OSError as exc:
+        return [(loc, f"cannot read {path}: {exc.strerror or exc}")]
+    except (ValueError, UnsupportedAlgorithm):
+        return [(loc, f"{path} is not a PEM public key (give the public half of `sitsctl enroll --verify "
+                      "--signing-key`'s key, e.g. the authority.pub.pem of `sitsctl policy keygen`)")]
+    if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name != "secp256r1":
+        return [(loc, f"{path} is not an ECDSA P-256 public key (enrollment records are signed with P-256)")]
+    return []
 
 
 def _line_of(root: yaml.Node | None, loc: tuple) -> int | None:
@@ -159,6 +193,7 @@ def _resolve_paths(data: dict, base: Path) -> None:
     fix(data.get("control"), "socket")
     fix(data.get("attestation"), "approval")
     fix(data.get("attestation"), "authority_key")
+    fix(data.get("attestation"), "enrollment_authority")
     for m in data.get("modules") or []:
         fix(m, "path")
 
@@ -167,19 +202,31 @@ def _resolve_paths(data: dict, base: Path) -> None:
 CLI_OVERRIDES: dict = {}
 
 
-def load_config(path: str | Path, overrides: dict | None = None) -> Config:
-    """Load and validate a config file. `overrides` maps dotted fields to values (e.g. from the CLI)."""
-    path = Path(path)
+def read_config_bytes(path: str | Path) -> bytes:
+    """The config file's bytes, read once (a reload checks the signature of, parses and measures these same bytes);
+    ConfigError naming the file when it cannot be read."""
     file = str(path)
     try:
-        text = path.read_text()
+        return Path(path).read_bytes()
     except FileNotFoundError:
         raise ConfigError(file, [("", None, "file not found; pass --config with the path to a sitsd YAML config "
                                             "(see examples/rolling-mill.yaml)")]) from None
     except OSError as exc:
         raise ConfigError(file, [("", None, f"cannot read: {exc.strerror}")]) from None
+
+
+def load_config(path: str | Path, overrides: dict | None = None, *, data: bytes | None = None) -> Config:
+    """Load and validate a config file. `overrides` maps dotted fields to values (e.g. from the CLI). `data`: the
+    file's bytes, already read (read_config_bytes); `path` then only names the file in errors and resolves its
+    relative paths."""
+    path = Path(path)
+    file = str(path)
+    if data is None:
+        data = read_config_bytes(path)
+    try:
+        text = bytes(data).decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        line = bytes(data)[:exc.start].count(b"\n") + 1
         raise ConfigError(file, [("", line, f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
                                             f"{exc.start}); save the config as UTF-8")]) from None
     try:

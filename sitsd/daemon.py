@@ -42,6 +42,7 @@ from .model import build_model, runtime_report
 from .notify import Notifier
 from .pipeline import ControlLoop, Counters, Outgoing
 from .plc_link import PlcLink
+from .startup import Startup, StartupInterrupted, hang_fix, startup_error, timed_out, tpm_startup_error
 from .stats import STAGE_INDEX, TimingRing
 from .wasm import WasmError
 
@@ -73,6 +74,8 @@ def make_signer(cfg: Config):
     except WrongKeyError as exc:  # the TPM answers; the key at key_handle is the wrong kind (its own fix)
         raise StartupError(str(exc)) from exc
     except AttestationError as exc:
+        if timed_out(exc):  # it accepted the connection and never answered: hung, not absent
+            raise StartupError(f"{exc}\n{hang_fix(a.tcti)}") from exc
         raise StartupError(f"{exc}\n  fix: check attestation.tcti, that the daemon user may open the TPM "
                            f"(group tss), or set attestation.mode: software for development") from exc
 
@@ -140,6 +143,8 @@ class Daemon:
         # cancelled) never commits: each attempt carries the generation it was started with
         self._remeasure_lock = threading.Lock()
         self._remeasure_generation = 0
+        self._startup: Startup | None = None  # while serve() starts (sitsd/startup.py)
+        self._reload_pending: str | None = None  # a reload asked for while starting (SIGHUP): applied after READY=1
 
     # -- startup ------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -169,14 +174,22 @@ class Daemon:
             raise StartupError(f"model {cfg.model.artifact}: SHA-256 {self.model.sha256.hex()} differs from "
                                f"model.sha256 {cfg.model.sha256} pinned in the config")
         if self.signer is None:
+            self._start_step("opening the TPM and loading its keys" if cfg.attestation.mode == "tpm2"
+                             else "creating the software signing key")
             self.signer = make_signer(cfg)
         if self.signer.kind == "software":
             self.log.warning("software signing key", detail="commands are signed with an Ed25519 key in process "
                              "memory, not anchored in a TPM; use attestation.mode: tpm2 in production")
         elif hasattr(self.signer, "measure_model"):
-            pcr = self.signer.measure_model(self.model.sha256)
+            self._start_step("measuring the model into PCR 16")
+            try:
+                pcr = self.signer.measure_model(self.model.sha256)
+            except AttestationError as exc:
+                raise tpm_startup_error("measuring the model into PCR 16", exc, cfg.attestation.tcti) from exc
             self.log.info("model measured into TPM", pcr=16, value=pcr.hex())
+        self._start_step("the signer's self-test")
         sign_budget_ns = self._signer_self_test()
+        self._start_step("writing the signer's public key and opening the frame source")
         audit_dir = Path(cfg.audit.directory)
         audit_dir.mkdir(parents=True, exist_ok=True)
         (audit_dir / PUBKEY_FILE).write_bytes(self.signer.public_key_pem())
@@ -230,15 +243,45 @@ class Daemon:
         if restored is not None:  # `sitsctl versions` shows it as the startup set's label
             self.loop.stage_set.label = "startup (persisted updates)"
         self.persistence.started(self.loop.stage_set)
+        self._start_step("measuring model, modules and config into the measurement PCR")
         self.hotswap = attach(self)
         if restored is not None:  # the config's versions, loaded for `sitsctl rollback`; the restored set is watched
             self.persistence.keep_fallback(self.hotswap)
         # verify_on_boot: what was just measured must match the staged `sitsctl deploy` record, checked by a
         # fresh TPM quote, before the first command is signed for the PLC; StartupError otherwise
+        self._start_step("verify-on-boot (a fresh TPM quote)")
         self.deployment = __import__("sitsd.deploy").deploy.check_on_boot(self)
+        self._start_step("starting fault attribution and the prover")
         self.rca = attach_rca(self)  # fault attribution: event stream + signal ring (sitsctl diagnose)
+        self._start_step("starting the prover")  # its process pool is never started after a stop
         # Groth16 proofs of commands off the fast path (sitsd/prover.py); chains onto the observer above
         self.prover = __import__("sitsd.prover").prover.attach_prover(self) if cfg.proof.policy != "off" else None
+
+    def _start_step(self, step: str) -> None:
+        """_build's progress (on the start thread, sitsd/startup.py): StartupInterrupted once a stop gave it up."""
+        if self._startup is not None:
+            self._startup.checkpoint(step)
+
+    def _close_abandoned_build(self, _result=None) -> None:
+        """The start stopped while _build ran (or before serve() took its result): close what it made, on the start
+        thread when it finishes late. serve() leaves these alone then (Startup.given_up), so nothing is closed
+        twice or while it is being made. Never raises."""
+        def close(what, fn) -> None:
+            try:
+                fn()
+            except Exception as exc:
+                self.log.warning("closing after an interrupted start failed", what=what, error=repr(exc))
+
+        if getattr(self, "prover", None) is not None:
+            close("the prover", self.prover.close)
+        if self.source is not None:
+            close("the frame source", self.source.close)
+        if self.wasm is not None:
+            close("the modules", self.wasm.close)
+        if getattr(self.model, "kind", "mlp") == "streaming":
+            close("the streaming model", self.model.close)
+        if self.signer is not None and self._own_signer:
+            close("the signer", self.signer.close)
 
     def _attach_audit_anchor(self):
         """audit.anchor tpm: the TPM NV counter behind the log's anchor records, through the signer's ESAPI context
@@ -249,7 +292,9 @@ class Daemon:
         a = self.cfg.audit
         counter = counter_for_signer(self.signer, self.cfg.attestation.tcti, a.anchor_nv_index)
         anchor = AuditAnchor(counter, a.anchor_interval_s, on_alert=self._alert, log=self.log)  # thread-safe
-        anchor.attach(self.audit)
+        # registered with the log by serve() once this returns (on the event loop): a stop during this step
+        # never makes AuditLog.close wait for the start check's TPM call (the close anchor is skipped then)
+        anchor.attach(self.audit, register=False)
         st = anchor.status()
         self.log.info("audit anchor", nv_index=st["nv_index"], counter=st["counter"], start_check=st["start_check"],
                       interval_s=a.anchor_interval_s)
@@ -536,6 +581,10 @@ class Daemon:
                 "reconnects": self.link_reconnects, "last_loss": self.link_last_loss,
                 "down_s": round(now - self._link_down_since, 2) if self._link_down_since is not None else None,
                 "commands_not_sent": self.link_not_sent,
+                # tpm-session: credentials re-written after a measurement, those that failed, log compactions
+                "rebinds": getattr(self.link, "rebinds", 0),
+                "rebind_failures": getattr(self.link, "rebind_failures", 0),
+                "compactions": getattr(self.link, "compactions", 0),
                 "frame_age_ms": round((now - self._frame_progress_at) * 1000),
                 "frame_timeout_ms": round(self._frame_timeout_s() * 1000),
                 "frames_stalled_s": round(now - stall["since"], 2) if stall is not None else None}
@@ -600,12 +649,17 @@ class Daemon:
         (`_remeasure_after_reset`), the session key bound again, and one `tpm` alert names the reset. When that fails
         (the TPM refuses a certification, or holds no attestation key any more) nothing is signed, so the PLC's
         watchdog holds its fail-safe, one `tpm` alert says why, and every probe retries. TPM calls run on daemon
-        threads and are bounded: a hung TPM never blocks this event loop or the daemon's exit."""
+        threads and are bounded: a hung TPM never blocks this event loop or the daemon's exit.
+
+        tpm-direct (TpmSigner.probe: TPM2_ReadPublic of the signing key, TPM2_ReadClock): a TPM lost while commands
+        flow shows as `sign` alerts, but not one lost, reset or cleared while none do. The same alerts and recovery
+        apply; a reset re-measures into PCR 16 and 23 while signing goes on (the key needs no PCR)."""
         from attestation.session import TpmIdentityLost, call_in_thread
 
         probe = getattr(self.signer, "probe", None)
         if probe is None:
             return
+        direct = getattr(self.signer, "kind", None) == "tpm"  # tpm-direct: every command needs the TPM
         st = self.tpm_state
         pending: str | None = None  # why the session must be re-measured; None while it is bound
         alerted = False  # one alert per reset episode
@@ -629,9 +683,11 @@ class Daemon:
                 st["last_error"] = str(exc) or type(exc).__name__
                 if st["reachable"]:
                     st["reachable"], st["outages"] = False, st["outages"] + 1
-                    self._alert("tpm", f"TPM unreachable ({st['last_error']}): commands are still signed "
-                                "with the session key; hot-swap measurements, audit anchors and a session re-bind "
-                                "after a PLC reconnect fail until it answers")
+                    self._alert("tpm", f"TPM unreachable ({st['last_error']}): " + (
+                        "no command can be signed (tpm-direct), so the PLC's watchdog holds its fail-safe; hot-swap "
+                        "measurements and audit anchors fail until it answers" if direct else
+                        "commands are still signed with the session key; hot-swap measurements, audit anchors and a "
+                        "session re-bind after a PLC reconnect fail until it answers"))
                 continue
             if not st["reachable"]:
                 st["reachable"] = True
@@ -643,7 +699,8 @@ class Daemon:
                 st["bound"] = False
                 pending = seen
                 self.log.warning("TPM reset detected", detail=seen, action="re-measuring the running model, "
-                                 "modules and config, then binding the session key again")
+                                 "modules and config" + (" (signing goes on)" if direct else
+                                                         ", then binding the session key again"))
             if pending is None:
                 continue
             t0 = time.perf_counter()
@@ -669,15 +726,18 @@ class Daemon:
                 if not alerted:
                     alerted = True
                     self._alert("tpm", f"{pending}: re-measuring the running model, modules and config failed "
-                                f"({reason}); nothing is signed, so the PLC's watchdog holds its fail-safe; "
-                                f"retrying every {interval_s:g} s")
+                                f"({reason}); " + ("commands are still signed (tpm-direct), but the TPM's PCRs do not "
+                                                   "show what runs (deploy quotes fail)" if direct else
+                                                   "nothing is signed, so the PLC's watchdog holds its fail-safe")
+                                + f"; retrying every {interval_s:g} s")
                 continue
             ms = round((time.perf_counter() - t0) * 1000, 1)
             self.log.info("session re-measured after TPM reset", reset=pending, measured=done, ms=ms,
                           pcr=getattr(self.signer, "pcr", None))
             if not alerted:
-                self._alert("tpm", f"{pending}: re-measured what runs ({done}) in {ms} ms and bound the session key "
-                            "again; a PLC that reconnects gets a fresh quote")
+                self._alert("tpm", f"{pending}: re-measured what runs ({done}) in {ms} ms" + (
+                    "; signing did not depend on PCR 16 (tpm-direct)" if direct else
+                    " and bound the session key again; a PLC that reconnects gets a fresh quote"))
             else:
                 self.log.info("TPM session bound again", after_failures=st["remeasure_failures"])
             st["bound"] = True
@@ -710,13 +770,31 @@ class Daemon:
             self._remeasure_lock.release()
 
     def _remeasure_locked(self, archive: bool, current, check) -> str:
-        from attestation.measurement import MeasurementLog
+        # no hot swap between reading the running set and measuring it (a swap is measured, then run, under this
+        # lock): else a swap measured into the old log and run after the read would be missing from the new one
+        swap_lock = getattr(self.hotswap, "_lock", None)
+        if swap_lock is not None and not swap_lock.acquire(timeout=5.0):
+            from attestation.errors import TpmError
+
+            raise TpmError("a hot swap holds the swap lock: re-measuring after it (retried)")
+        try:
+            return self._remeasure_swap_locked(archive, current, check)
+        finally:
+            if swap_lock is not None:
+                swap_lock.release()
+
+    def _remeasure_swap_locked(self, archive: bool, current, check) -> str:
+        from attestation.measurement import MeasurementLog, measured_state
 
         from .hotswap import file_sha256
 
         st = self.loop.stage_set
         done = ["model"]
         log = self.measurements
+        # the config that runs is the one the log names last (a reload measures the bytes it applies); the file may
+        # have been edited since without a reload
+        logged_config = (measured_state((e.kind, e.name, e.sha256) for e in log.events).config
+                         if log is not None else None)
         if log is not None and log.tpm is not None and log.path is not None:
             check("resetting the measurement PCR")
             if archive and log.path.exists():
@@ -747,7 +825,8 @@ class Daemon:
                 done.append("certification")
             if self.config_path is not None:
                 persistence = self.persistence
-                config_sha = getattr(persistence, "config_sha256", None) or file_sha256(self.config_path)
+                config_sha = (logged_config[1] if logged_config is not None
+                              else getattr(persistence, "config_sha256", None) or file_sha256(self.config_path))
                 new.record("config", Path(self.config_path).name, config_sha)
                 done.append("config")
             check("replacing the measurement log")
@@ -757,6 +836,8 @@ class Daemon:
             done[0] = f"model, PCR {new.pcr} {new.value.hex()[:16]}…"
         check("re-measuring the session PCR")
         value = self.signer.remeasure([st.model_sha256], still_current=current)  # binds the session key again
+        if self.link is not None:  # the PLC gets a credential with the new measurement log at once
+            self.link.request_rebind("re-measured after a TPM reset")
         return ", ".join(done) + f"; PCR {self.signer.pcr} {value.hex()[:16]}…"
 
     async def _watch_prover(self, interval_s: float = 2.0) -> None:
@@ -847,6 +928,8 @@ class Daemon:
             # attestation.certify_session: certified at start, and still describing what runs (no swap away)
             "session_certified": self._session_certified(),
             "tpm": dict(self.tpm_state) if hasattr(self.signer, "probe") else None,
+            # the measurement PCR's log (attestation/measurement.py): its length, what a credential carries, compactions
+            "measurement_log": self.measurements.status() if hasattr(self.measurements, "status") else None,
             "audit_file": str(self.audit.path) if self.audit else None,
             # the live head of the hash chain: recorded elsewhere, it shows a cut of the newest records
             # what has reached the disk under audit.fsync: the last fsynced record, the records written after it;
@@ -877,13 +960,19 @@ class Daemon:
         self._link_lost = asyncio.Event()
         tasks: list[asyncio.Task] = []
         server = None
+        # the blocking start (model, signer, TPM measurements, verify-on-boot, the audit anchor) runs on a daemon
+        # thread and the TPM waits are watched, so SIGTERM stops a start that hangs in the TPM (sitsd/startup.py)
+        self._startup = startup = Startup(self)
+        start_watch = asyncio.create_task(startup.watch(), name="startup-watch")
         try:
             try:
-                self._build()
+                await startup.run("building the loop (model, signer, TPM measurements)", self._build,
+                                  cleanup=self._close_abandoned_build, key="build")
                 self.link = PlcLink(self.cfg, signer=self.signer, source=self.source, on_plc_event=self._on_plc_event,
                                     device_key_file=Path(self.cfg.audit.directory) / DEVICE_KEY_FILE,
-                                    model_sha256=self.model.sha256, log=self.log, on_lost=self._link_down)
-                await self.link.connect()
+                                    model_sha256=self.model.sha256, log=self.log, on_lost=self._link_down,
+                                    measurements=lambda: self.measurements)  # PCR 23 in the session credential
+                await startup.until_stopped("connecting to the PLC", self.link.connect())
                 a = self.cfg.audit
                 self.audit = AuditLog(a.directory, a.fsync, segment_max_mb=a.segment_max_mb,
                                       retention_days=a.retention_days, max_total_mb=a.max_total_mb)
@@ -892,11 +981,15 @@ class Daemon:
                     self.log.error("audit log damaged", file=self.audit.start_damage["file"],
                                    line=self.audit.start_damage["line"], damage=self.audit.start_damage["damage"])
                 if a.anchor == "tpm":  # compares the TPM counter with the log's newest anchor; never stops the start
-                    self.audit_anchor = self._attach_audit_anchor()
+                    self.audit_anchor = await startup.run(
+                        "checking the audit anchor (TPM NV counter)", self._attach_audit_anchor,
+                        cleanup=lambda anchor: anchor.abandon() if anchor is not None else None, key="audit anchor")
+                    self.audit.anchor = self.audit_anchor  # from now on AuditLog.close writes the closing anchor
                 # sequence numbers must rise across restarts, or the PLC's replay check refuses the new
                 # daemon: start above the last audited one and above the microsecond clock
                 self.loop.sequence = max(self.loop.sequence, self.audit.last_sequence, time.time_ns() // 1000)
-                await self._startup_command()
+                await startup.until_stopped("signing and sending the startup fail-safe command",
+                                            self._startup_command())
                 server = await control.serve(Path(self.cfg.control.socket),
                                              {"status": self.status, "stop": self._stop_request,
                                               "reload": self._reload_request, **control_handlers(self),
@@ -911,11 +1004,27 @@ class Daemon:
                     self.metrics = MetricsExporter(self)
                     port = self.metrics.start(self.cfg.metrics.host, self.cfg.metrics.port)
                     self.log.info("metrics", url=f"http://{self.cfg.metrics.host}:{port}/metrics")
-            except (StartupError, OSError) as exc:
+            except StartupInterrupted:
+                # SIGTERM / SIGINT while starting: a clean stop (exit status 0, as when running), never READY=1;
+                # a TPM call it waited for is left behind on its daemon thread
+                self.state = "stopped"
+                self.ready.set()
+                during = startup.describe()
+                # a thread stopped at a checkpoint closes what it made (Startup.run's cleanup) before we exit; one
+                # blocked in the TPM is left behind (its cleanup runs if the call ever returns)
+                left_behind = not await startup.settle(1.0)
+                self.log.warning("sitsd stopped while starting", during=during,
+                                 after_s=round(time.monotonic() - startup.started, 1), left_behind=left_behind)
+                return self.exit_code
+            except (StartupError, OSError, AttestationError) as exc:
+                if isinstance(exc, AttestationError):  # not wrapped by its step: the TPM's text only for TPM errors
+                    exc = startup_error(startup.step, exc, self.cfg.attestation.tcti)
+                elif timed_out(exc) and "fix: the TPM behind" not in str(exc):
+                    exc = StartupError(f"{exc}\n{hang_fix(self.cfg.attestation.tcti)}")
                 self.startup_error = exc
                 self.state = "failed"
                 self.ready.set()
-                self.log.error("startup failed", error=str(exc))
+                self.log.error("startup failed", error=str(exc), step=startup.step)
                 return 1
             except Exception as exc:  # a bug, not a condition: fail start at once, with the traceback
                 self.startup_error = StartupError(f"unexpected {type(exc).__name__} during startup: {exc}")
@@ -923,6 +1032,8 @@ class Daemon:
                 self.ready.set()
                 self.log.exception("startup failed", error=repr(exc))
                 return 70
+            finally:
+                start_watch.cancel()
             tasks = [asyncio.create_task(self._writer(), name="writer"),
                      asyncio.create_task(self._housekeeping(), name="housekeeping"),
                      asyncio.create_task(self._watch_ptp(), name="ptp"),
@@ -938,12 +1049,19 @@ class Daemon:
                           model_sha256=self.model.sha256.hex(), signer=self.signer.kind,
                           key_id=self.signer.key_id.hex(), control=str(self.cfg.control.socket))
             self.ready.set()
+            if self._reload_pending is not None:  # asked for while starting (reload_in_background): now, once
+                via, self._reload_pending = self._reload_pending, None
+                self.log.info("applying the reload requested while starting", via=via)
+                self.reload_in_background()
             await self._stop.wait()
             return self.exit_code
         finally:
             self.state = "stopping"
             self.notifier.stopping()
-            if self.loop is not None:
+            # what _build made belongs to the start thread's cleanup when the start stopped before serve() took it
+            # (sitsd/startup.py): never closed here then, so never twice nor while the thread still makes it
+            built = "build" not in startup.given_up
+            if self.loop is not None and built:
                 self.loop.stop()
             if self._queue is not None and self.link is not None and self.link.connected:
                 await self._drain_queue(timeout_s=1.0)
@@ -956,10 +1074,10 @@ class Daemon:
                 self.metrics.stop()
             if self.link is not None:
                 await self.link.close()
-            if self.source is not None:
+            if self.source is not None and built:
                 self.source.close()
-            if getattr(self.model, "kind", "mlp") == "streaming" and (self.loop is None or self.loop.thread is None
-                                                                      or not self.loop.thread.is_alive()):
+            if built and getattr(self.model, "kind", "mlp") == "streaming" and (
+                    self.loop is None or self.loop.thread is None or not self.loop.thread.is_alive()):
                 self.model.close()  # checkpoint: the next start resumes the stream from its snapshot
             if self.audit is not None:
                 if self.audit_backlog:  # last try; what still cannot be written goes to the journal
@@ -968,11 +1086,11 @@ class Daemon:
                     self.log.error("audit records that could not be written before stopping (disk full)",
                                    count=len(self.audit_backlog), records=list(self.audit_backlog))
                 self.audit.close()
-            if getattr(self, "prover", None) is not None:
+            if getattr(self, "prover", None) is not None and built:
                 self.prover.close()
-            if self.wasm is not None:
+            if self.wasm is not None and built:
                 self.wasm.close()
-            if self.signer is not None and self._own_signer:
+            if self.signer is not None and self._own_signer and built:
                 self.signer.close()
             self.ready.set()
             self.log.info("sitsd stopped", **{k: v for k, v in self.counters.as_dict().items() if k != "heartbeat"})
@@ -990,13 +1108,34 @@ class Daemon:
 
         if self.config_path is None:
             return {"reloaded": False, "error": "this daemon was not started from a config file"}
-        return reload(self, self.config_path, self.config_overrides)
+        return reload(self, self.config_path, self.config_overrides, measure=True)  # into PCR 23: the PLC re-binds
 
     def reload_in_background(self) -> None:
-        """SIGHUP: the reload runs on a worker thread, so PLC commands keep flowing while it is proven."""
-        asyncio.get_running_loop().run_in_executor(None, self.reload_config)
+        """SIGHUP: the reload runs on a worker thread, so PLC commands keep flowing while it is proven. While sitsd
+        starts (the start runs beside this loop), one request is remembered and applied after READY=1: a reload
+        mid-start would race the start (RELOADING=1 and READY=1 before the start is done, a config event among
+        the start's measurements). Ignored while stopping."""
+        if self.state not in ("running", "reconnecting"):
+            if self.state == "starting":
+                if self._reload_pending is None:
+                    self._reload_pending = "SIGHUP"
+                self.log.info("reload requested while starting: applied after the start", via="SIGHUP")
+            else:
+                self.log.warning("reload ignored: sitsd is not running", via="SIGHUP", state=self.state)
+            return
+
+        def run() -> None:
+            try:
+                self.reload_config()
+            except Exception as exc:  # reload() reports refusals itself; anything else is a bug, said in the log
+                self.log.exception("config reload failed", error=repr(exc))
+
+        asyncio.get_running_loop().run_in_executor(None, run)
 
     async def _reload_request(self, _req: dict) -> dict:
+        if self.state not in ("running", "reconnecting"):  # (the socket opens at the end of the start)
+            return {"reloaded": False, "error": f"sitsd is {self.state}, not running: reload refused; nothing "
+                    "changed. Send it again once `sitsctl status` shows it running"}
         return await asyncio.to_thread(self.reload_config)
 
     def _stop_request(self, _req: dict) -> dict:

@@ -12,8 +12,9 @@ from pathlib import Path
 from .errors import StartupError
 
 
-def config_events(cfg, config_path: Path) -> list[tuple[str, str, str]]:
-    """[(kind, name, sha256 hex)] for the model, modules (pre, post) and the config file, in measuring order.
+def config_events(cfg, config_path: Path, config_bytes: bytes | None = None) -> list[tuple[str, str, str]]:
+    """[(kind, name, sha256 hex)] for the model, modules (pre, post) and the config file (`config_bytes`: its bytes
+    as already read, so the config measured is the one parsed), in measuring order.
     Raises ep's ModelLoadError for a model that does not load or verify, WasmError for a module."""
     from .model import model_event
 
@@ -24,7 +25,9 @@ def config_events(cfg, config_path: Path) -> list[tuple[str, str, str]]:
                 from .wasm.module import read_source
 
                 events.append((f"module:{stage}", m.name, hashlib.sha256(read_source(Path(m.path))).hexdigest()))
-    events.append(("config", Path(config_path).name, hashlib.sha256(Path(config_path).read_bytes()).hexdigest()))
+    if config_bytes is None:
+        config_bytes = Path(config_path).read_bytes()
+    events.append(("config", Path(config_path).name, hashlib.sha256(config_bytes).hexdigest()))
     return events
 
 
@@ -120,21 +123,29 @@ def _is_current(daemon, step: _Step) -> bool:
 
 def _restore_config(daemon, old_cfg, old_path, old_measured) -> None:
     """The rules object that ran before (not the file re-read: deploying an edited config in place names
-    the same path with new bytes), under the reload lock; measured as `rollback:config`."""
+    the same path with new bytes), under the reload lock; measured as `rollback:config` before it goes live (a
+    failed measurement raises with the newer rules still running and measured). Without a measurement of the old
+    config (`old_measured` None: it ran before any config was measured), the event names the old file with the
+    digest of its live sections (live_config_sha256): no file's SHA-256, so a PLC pinning a config refuses it rather
+    than believe the newer config still runs."""
     import threading
 
-    from .reload import apply
+    from .reload import commit, prepare
 
+    log = getattr(daemon, "measurements", None)
     with getattr(daemon, "_reload_lock", None) or threading.Lock():
         new = daemon.cfg
-        apply(daemon, old_cfg)
+        prepared = prepare(daemon, old_cfg)
+        if log is not None:
+            event = old_measured if old_measured is not None else (
+                Path(old_path).name if old_path is not None else "config", live_config_sha256(old_cfg))
+            log.record("rollback:config", *event)
+        commit(daemon, prepared)
         daemon.config_path = old_path
     if new.logging != old_cfg.logging:
         from .log import configure
 
         configure(old_cfg.logging.level)
-    if old_measured is not None and daemon.measurements is not None:
-        daemon.measurements.record("rollback:config", *old_measured)
 
 
 def _undo(daemon, steps: list[_Step], reason: str) -> tuple[list[str], list[str]]:
@@ -329,14 +340,15 @@ def _load_verified(daemon, req: dict, steps: list[_Step]) -> dict:
 
     from attestation.deploy import split_events
 
-    from .config import load_config
+    from .config import load_config, read_config_bytes
     from .hotswap import SwapRefused
     from .reload import plan, reload
 
     path = Path(req["config"])
     nonce = bytes.fromhex(req["nonce"])
-    cfg = load_config(path, daemon.config_overrides)  # the daemon's own overrides, as at its start
-    events = config_events(cfg, path)
+    data = read_config_bytes(path)  # once: parsed, measured and (reload) checked to be these bytes
+    cfg = load_config(path, daemon.config_overrides, data=data)  # the daemon's own overrides, as at its start
+    events = config_events(cfg, path, data)
     approved, _ = split_events(events)
     if approved != [tuple(e) for e in req["approved_events"]]:
         raise SwapRefused("the model or modules changed between `sitsctl deploy`'s checks and loading them")
@@ -368,16 +380,15 @@ def _load_verified(daemon, req: dict, steps: list[_Step]) -> dict:
     last_config = next((e for e in reversed(log.events) if e.kind in CONFIG_KINDS), None)
     if last_config is None or (last_config.name, last_config.sha256) != (path.name, config_sha):
         old_cfg, old_path = daemon.cfg, daemon.config_path
-        try:
-            out = reload(daemon, path, daemon.config_overrides)
+        try:  # measured before it goes live, and only the bytes checked above (the file could change meanwhile)
+            out = reload(daemon, path, daemon.config_overrides, measure=True, adopt_path=True,
+                         expected_sha256=config_sha)
         finally:
             if daemon.cfg is not old_cfg:
                 steps.append(_Step("config", daemon.cfg, previous=(
                     old_cfg, old_path, (last_config.name, last_config.sha256) if last_config else None)))
         if not out.get("reloaded"):
             raise SwapRefused(out.get("error", "config refused"))
-        daemon.config_path = path
-        log.record("config", path.name, config_sha)
     applied = [s.component for s in steps]
     log.record("approval", req["approval_name"], req["approval_sha256"])
     answer = {"applied": applied, "mode": log.mode, "pcr": log.pcr, "initial": log.initial.hex(),

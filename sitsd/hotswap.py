@@ -390,9 +390,9 @@ class HotSwap:
             self._check_certified("module", path, stage_identity(self.loop.stage_set, {version.stage: version}))
             old = getattr(self.loop.stage_set, version.stage)
             new = self._next(**{version.stage: version}, label=f"{version.name} v{version.version}")
-            self._set_prior(version.name, old)
             rec = self._activate(new, "update", f"module:{version.stage}", version.name, version.sha256,
                                  version.prepare_ms, watch_plc=respect_pins)
+            self._set_prior(version.name, old)  # only once it runs: a refused update leaves the rollback target
             return {**rec.as_dict(), "module": version.describe(), "origin": version.origin,
                     "previous": old.describe() if old else None}
 
@@ -407,11 +407,11 @@ class HotSwap:
                 self._check_pin("model", "model", path, runner.sha256.hex())
             self._check_certified("model", path, stage_identity(self.loop.stage_set, model_sha256=runner.sha256))
             cur = self.loop.stage_set
-            self._prior["model"] = (cur.model, cur.model_sha256, cur.model_path)
             new = self._next(model=runner, model_sha256=runner.sha256, model_path=str(path),
                              label=f"model {runner.sha256.hex()[:12]}")
             rec = self._activate(new, "update", "model", Path(path).name, runner.sha256.hex(), prepare_ms,
                                  watch_plc=respect_pins)
+            self._prior["model"] = (cur.model, cur.model_sha256, cur.model_path)  # only once it runs
             return {**rec.as_dict(), "bounds": report,
                     "previous": {"model": self.previous.model_path, "sha256": self.previous.model_sha256.hex()}}
 
@@ -933,15 +933,13 @@ def control_handlers(daemon) -> dict:
 
             path = Path(req["config"])
             before = (daemon.cfg, daemon.config_path, _config_measured(daemon))
-            out = reload(daemon, path, daemon.config_overrides)
+            # measured before it goes live, from the bytes that run (read once); config_path set with the rules,
+            # under the reload lock: a refused or unmeasured config changes nothing
+            out = reload(daemon, path, daemon.config_overrides, measure=True, adopt_path=True)
             if not out.get("reloaded"):
                 raise SwapRefused(out.get("error", "config refused"))
-            daemon.config_path = path
-            sha = file_sha256(path)
-            if daemon.measurements is not None:
-                daemon.measurements.record("config", path.name, sha)
             daemon.previous_config = (*before, daemon.cfg)  # for `sitsctl rollback --config`
-            out = {**out, "component": "config", "name": path.name, "sha256": sha}
+            out = {**out, "component": "config", "name": path.name, "sha256": out["sha256"]}
         else:
             raise SwapRefused("update needs one of module, model, config")
         out["total_ms"] = round((time.perf_counter_ns() - t0) / 1e6, 3)
@@ -1002,7 +1000,13 @@ def control_handlers(daemon) -> dict:
             return {"ok": False, "error": f"failed, the running version stays: {exc!r}"}
 
     async def update(req: dict) -> dict:
-        return await run(_update, req)
+        out = await run(_update, req)
+        if not out.get("updated"):  # refused or failed: one alert update_refused (the running version stays)
+            what = next((f"{k} {Path(str(req[k])).name}" for k in ("module", "model", "config") if req.get(k)),
+                        "update")
+            reason = (str(out.get("error") or "refused").splitlines() or ["refused"])[0]  # a bounds report follows
+            daemon._alert("update_refused", f"{what}: {reason[:500]}")
+        return out
 
     async def rollback(req: dict) -> dict:
         return await run(_rollback, req)

@@ -211,6 +211,23 @@ class DaemonCollector:
             swaps[(r.action, r.component)] = swaps.get((r.action, r.component), 0.0) + 1.0
         yield _counter("sitsd_swaps", "Hot swaps and rollbacks since start, by action and component.", None,
                        ["action", "component"], swaps)
+        # exported from 0 on (an alert rule's increase() sees the first one); the same count as
+        # sitsd_alerts_total{kind="update_refused"}, which appears only once one was raised
+        yield _counter("sitsd_updates_refused", "Updates (sitsctl update: module, model, config) refused or failed "
+                       "since start; the running version stayed.", float(d.alert_counts.get("update_refused", 0)))
+        link, mlog = getattr(d, "link", None), getattr(d, "measurements", None)
+        if link is not None and getattr(d.signer, "kind", None) == "tpm-session":  # sitsd/plc_link.py
+            yield _counter("sitsd_session_rebinds", "Session credentials written to the PLC after a measurement "
+                           "(reload, hot swap, deploy, TPM reset re-measurement) since start.", float(link.rebinds))
+            yield _counter("sitsd_session_rebind_failures", "Re-binds that failed (the PLC refused the credential or "
+                           "it could not be made); each ended the PLC session.", float(link.rebind_failures))
+            yield _counter("sitsd_measurement_compactions", "Measurement-log compactions since start (PCR 23 reset "
+                           "and what runs measured again; the old log archived).", float(link.compactions))
+            if mlog is not None:
+                events = GaugeMetricFamily("sitsd_measurement_log_events", "Events in the measurement log a session "
+                                           "credential carries (compacted long before its cap of 256).")
+                events.add_metric([], float(len(mlog.events)))
+                yield events
 
         up = GaugeMetricFamily("sitsd_uptime_seconds", "Seconds since the daemon was created.")
         up.add_metric([], time.monotonic() - getattr(d, "_started", time.monotonic()))

@@ -1,4 +1,4 @@
-"""sd_notify in pure Python, never blocking: READY, STATUS, WATCHDOG, STOPPING.
+"""sd_notify in pure Python, never blocking: READY, STATUS, WATCHDOG, STOPPING, EXTEND_TIMEOUT_USEC.
 
 systemd-python's notify holds the GIL while the socket is full; a plain sendto with
 MSG_DONTWAIT only fails (and is counted) instead. Without NOTIFY_SOCKET every call is a no-op.
@@ -51,6 +51,13 @@ class Notifier:
 
     def status(self, status: str) -> bool:
         return self.send(f"STATUS={status}")
+
+    def extend_timeout(self, seconds: float, status: str = "") -> bool:
+        """EXTEND_TIMEOUT_USEC: the service manager waits at least `seconds` from now (before READY=1: for the
+        start; it only ever extends TimeoutStartSec, never shortens it), with an optional STATUS= line. sitsd
+        sends it while it waits on a TPM call whose own bound lies beyond what systemd would allow."""
+        usec = max(1, int(seconds * 1e6))
+        return self.send(f"EXTEND_TIMEOUT_USEC={usec}" + (f"\nSTATUS={status}" if status else ""))
 
     def watchdog(self) -> bool:
         return self.send("WATCHDOG=1")

@@ -8,10 +8,31 @@ connection supervisor (the socket closing, or its server-state probe every `WATC
 fires the client's `connection_lost_callback`, and the frame subscription reports its end
 (`plc.opcua_source`). Reports from a session that was already replaced or closed are ignored.
 The daemon decides what to do (sitsd/daemon.py: `_link_down`, `_reconnect`).
+
+tpm-session: the credential the PLC checks covers the session PCR and the measurement PCR with its log
+(attestation/session.py), so it goes stale when something is measured after the bind (a config reload, a hot
+swap or rollback, a live deploy, a re-measurement after a TPM reset). `watch_measurements` subscribes to the
+daemon's measurement log; each event (and `request_rebind`) binds the session key again on the live session: a
+fresh nonce, a new quote, a new credential written to the PLC. Events that come in a burst are bound once. A
+re-bind the PLC refuses (its pins do not match what now runs), or that cannot be made (TPM), ends the session
+(`on_lost`): nothing more is sent under a credential that no longer says what runs, and every reconnect binds
+again with the then-current log. While the session key is unbound (a TPM reset being re-measured) the re-bind
+waits for the re-measurement, which requests one when it is done.
+
+A credential carries at most 256 log entries in at most 32 KiB, and the log grows by one event per reload or swap, so
+the link has every log it watches compacted (attestation/measurement.py): a measurement that finds the log at
+`compact_at_events()` events (COMPACT_AT_EVENTS, 128; the environment variable SITSD_MEASUREMENT_COMPACT_AT overrides
+it, for tests) or COMPACT_AT_BYTES of credential entries first archives it as measurements-compacted-<ns>.jsonl,
+resets PCR 23 and measures what runs again from reset, on the measuring thread (never this event loop) with the
+TPM calls bounded; the re-bind that event asks for carries the short log. A bind also compacts first when the log
+is due (a compaction that failed before is retried there). A log a credential cannot carry fails the bind with a
+message that says so (a `plc_link` alert when it was a re-bind). Counters: `rebinds`, `rebind_failures`,
+`compactions` (sitsctl status: plc_link, measurement_log).
 """
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,12 +55,27 @@ _CERT_REFUSED = {ua.StatusCodes.BadSecurityChecksFailed, ua.StatusCodes.BadCerti
 # away without closing the socket: a dead link is noticed within about 2 * WATCHDOG_S
 WATCHDOG_S = 1.0
 CLOSE_TIMEOUT_S = 1.0  # a polite CloseSession to a PLC that may be gone waits no longer than this
+COMPACT_AT_ENV = "SITSD_MEASUREMENT_COMPACT_AT"  # overrides COMPACT_AT_EVENTS (tests: a short log compacts soon)
+
+
+def compact_at_events() -> int:
+    """The measurement-log length at which the link's log is compacted: COMPACT_AT_EVENTS, or
+    SITSD_MEASUREMENT_COMPACT_AT when it holds a whole number in MIN_COMPACT_AT..MAX_LOG_EVENTS / 2 (else ignored)."""
+    from attestation.measurement import COMPACT_AT_EVENTS, MIN_COMPACT_AT
+    from attestation.session import MAX_LOG_EVENTS
+
+    raw = os.environ.get(COMPACT_AT_ENV, "").strip()
+    if raw.isdigit() and MIN_COMPACT_AT <= int(raw) <= MAX_LOG_EVENTS // 2:
+        return int(raw)
+    return COMPACT_AT_EVENTS
 
 
 class PlcLink:
     def __init__(self, cfg: Config, *, signer, source, on_plc_event, device_key_file: Path, model_sha256: bytes,
-                 log, on_lost: Callable[[str], None] | None = None) -> None:
+                 log, on_lost: Callable[[str], None] | None = None, measurements: Callable[[], object] | None = None) \
+            -> None:
         self.cfg = cfg
+        self.measurements = measurements  # the daemon's current MeasurementLog (PCR 23), bound with the session key
         self.on_lost = on_lost
         self.signer = signer
         self.source = source
@@ -51,6 +87,15 @@ class PlcLink:
         self.command_node = None
         self.command_owner = None
         self._generation = 0  # bumped by connect() and close(): loss reports of older sessions are ignored
+        self._aio: asyncio.AbstractEventLoop | None = None  # the I/O loop the session lives on (set by connect)
+        self._rebind_pending = False
+        self._rebind_task: asyncio.Task | None = None
+        self._watched = None  # the measurement log whose listeners hold `_on_measured`
+        self.rebinds = 0  # credentials written after a measurement (not counting connect's own bind)
+        self.rebind_failures = 0
+        self.last_bound_value: bytes | None = None  # the measurement PCR value of the newest credential written
+        self.compactions = 0  # measurement-log compactions since start (all logs: a TPM reset starts a new one)
+        self.compaction_failures = 0
 
     @property
     def connected(self) -> bool:
@@ -68,6 +113,9 @@ class PlcLink:
 
     async def connect(self) -> None:
         p = self.cfg.plc
+        self._aio = asyncio.get_running_loop()
+        self.watch_measurements()
+        self._rebind_pending = False  # this connect binds with the log as it is now
         self._generation += 1
         generation = self._generation
         # auto_reconnect stays off: a new session has to be checked and bound (tpm-session) again, which
@@ -134,6 +182,8 @@ class PlcLink:
             await _close_client(client)
             raise
         self.client, self.command_node, self.command_owner = client, node, owner
+        if self._rebind_pending:  # measured after this connect's bind: the PLC's credential is already stale
+            self._start_rebind("a measurement during connect")
 
     async def _bind_session(self, client: Client) -> None:
         """tpm-session: quote the session key against the PLC's fresh nonce and hand it the credential."""
@@ -151,14 +201,23 @@ class PlcLink:
         # the quote needs the TPM: on a thread of its own (bounded by the signer), never on this event loop, whose
         # stall by a hung TPM kept SIGTERM from being handled
         from attestation.errors import AttestationError
-        from attestation.session import call_in_thread
+        from attestation.session import MAX_CREDENTIAL_BYTES, call_in_thread
 
+        log = self.measurements() if self.measurements is not None else None
+        if log is not None and getattr(log, "tpm", None) is not None:
+            await self._compact_before_bind(log)
         try:
-            credential = await call_in_thread(self.signer.bind, bytes(nonce))
+            credential = await call_in_thread(self.signer.bind, bytes(nonce), log)
         except AttestationError as exc:
             raise StartupError(f"cannot bind the session key for the PLC: {exc}\n  fix: see the `tpm` alert and "
                                "`tpm` in sitsctl status; sitsd retries by itself once the TPM answers and the running "
                                "model is re-measured (docs/alerts.md, tpm)") from exc
+        data = credential.to_cbor()
+        if len(data) > MAX_CREDENTIAL_BYTES:  # the PLC would refuse it as malformed: say why here
+            raise StartupError(f"the session credential is {len(data)} bytes, more than a PLC takes "
+                               f"({MAX_CREDENTIAL_BYTES}): its measurement log has {len(credential.measurement_log)} "
+                               f"events{self._compaction_note(log)}\n  fix: see `measurement_log` in sitsctl status; a "
+                               "restart measures from reset")
         if credential.certification is not None:
             uncertified = ""
         elif getattr(self.signer, "certification", None) is not None:
@@ -169,14 +228,141 @@ class PlcLink:
             uncertified = (", or requires a session key certified by the device's policy key (set "
                            "attestation.certify_session: true with an approval)")
         try:
-            await cred_node.write_value(ua.DataValue(ua.Variant(credential.to_cbor(), ua.VariantType.ByteString)))
+            await cred_node.write_value(ua.DataValue(ua.Variant(data, ua.VariantType.ByteString)))
         except ua.UaStatusCodeError as exc:
             raise StartupError(
                 f"the PLC refused the session credential ({exc}): it does not trust this device's attestation key "
                 f"or expects another model{uncertified}\n  fix: enrol {self.device_key_file} and "
                 f"the model hash {self.model_sha256.hex()[:16]}… in the PLC's session verifier") from exc
+        measured = getattr(credential, "measurement_pcr", None)
+        self.last_bound_value = credential.measurement_value if measured is not None else None
         self.log.info("session key bound to the TPM quote", session_key=self.signer.key_id.hex(),
-                      nonce=bytes(nonce).hex()[:16], certified=credential.certification is not None)
+                      nonce=bytes(nonce).hex()[:16], certified=credential.certification is not None,
+                      measurement_pcr=measured, measured_events=len(credential.measurement_log) if measured else None,
+                      measured_value=credential.measurement_value.hex()[:16] if measured else None)
+
+    async def _compact_before_bind(self, log) -> None:
+        """Compact a log that is due (long, or damaged by a failed compaction) before it is bound, on a thread of its
+        own (TPM calls, bounded). A failure matters only when the log cannot be bound as it is: StartupError then."""
+        from attestation.session import MAX_LOG_EVENTS, call_in_thread
+
+        self._enable_compaction(log)
+        due = log.compaction_due() if hasattr(log, "compaction_due") else None
+        if due is None:
+            return
+        try:
+            await call_in_thread(log.compact, f"before binding: {due}")
+        except Exception as exc:  # MeasurementError: logged (and counted) by _on_compacted already
+            first = (str(exc) or type(exc).__name__).splitlines()[0]
+            if log.damaged is not None:
+                why = (f"it does not explain PCR {log.pcr} ({log.damaged}) and resetting and re-measuring the PCR "
+                       f"failed ({first})")
+            elif len(log.events) > MAX_LOG_EVENTS:
+                why = (f"it has {len(log.events)} events (a credential carries at most {MAX_LOG_EVENTS}) and "
+                       f"compacting it failed ({first})")
+            else:
+                return  # bound as it is; compacted at a later record or bind
+            raise StartupError(f"the measurement log of PCR {log.pcr} cannot be bound: {why}\n  fix: see `tpm` and "
+                               "`measurement_log` in sitsctl status; each reconnect and each measurement retries the "
+                               "compaction, a restart measures from reset") from exc
+
+    def _compaction_note(self, log) -> str:
+        if log is None or not hasattr(log, "compaction_due"):
+            return ""
+        if log.compaction_error:
+            return f"; compacting it failed ({log.compaction_error})"
+        return f" (compacted at {log.compact_at} events or {log.compact_bytes} bytes of entries)"
+
+    def _enable_compaction(self, log) -> None:
+        """Have a tpm-session log compacted long before a credential could not carry it (attestation/measurement.py)."""
+        if log is None or getattr(log, "tpm", None) is None or not hasattr(log, "compact_at"):
+            return
+        from attestation.measurement import COMPACT_AT_BYTES
+
+        if log.compact_at is None:
+            log.compact_at = compact_at_events()
+        if log.compact_bytes is None:
+            log.compact_bytes = COMPACT_AT_BYTES
+        log.on_compacted = self._on_compacted
+
+    def _on_compacted(self, info: dict) -> None:
+        """From the measuring thread (attestation.measurement.MeasurementLog.on_compacted): a line in the journal."""
+        if info.get("error"):
+            self.compaction_failures += 1
+            self.log.error("measurement log compaction failed", reason=info.get("reason"), error=info["error"],
+                           damaged=info.get("damaged"))
+            return
+        self.compactions += 1
+        self.log.info("measurement log compacted: PCR 23 reset and what runs measured again from reset",
+                      reason=info.get("reason"), archived=info.get("archived"), events_before=info.get("events_before"),
+                      events_after=info.get("events_after"), value=str(info.get("value", ""))[:16], ms=info.get("ms"),
+                      file_error=info.get("file_error"))
+
+    # -- re-binding after a measurement -----------------------------------------------------------------------
+    def watch_measurements(self) -> None:
+        """Subscribe to the daemon's current measurement log (again, when a re-measurement replaced it), and have it
+        compacted when it grows long."""
+        log = self.measurements() if self.measurements is not None else None
+        if log is self._watched or not hasattr(self.signer, "bind"):
+            return
+        if self._watched is not None and self._on_measured in self._watched.listeners:
+            self._watched.listeners.remove(self._on_measured)
+        self._watched = log
+        if log is not None and self._on_measured not in log.listeners:
+            log.listeners.append(self._on_measured)
+        self._enable_compaction(log)
+
+    def _on_measured(self, event) -> None:
+        self.request_rebind(f"measured {event.kind} {event.name}")
+
+    def request_rebind(self, reason: str = "requested") -> None:
+        """Thread-safe: bind the session key again on the live session (a new credential for the PLC), soon. Requests
+        that come while one is bound are coalesced into one more bind. Nothing while no session is up: the
+        next connect binds anyway."""
+        aio = self._aio
+        if aio is None or aio.is_closed() or not hasattr(self.signer, "bind"):
+            return
+        try:
+            aio.call_soon_threadsafe(self._schedule_rebind, reason)
+        except RuntimeError:  # the loop closed meanwhile: stopping
+            pass
+
+    def _schedule_rebind(self, reason: str) -> None:
+        self.watch_measurements()  # a re-measurement after a TPM reset replaces the log
+        self._rebind_pending = True  # a connect that starts from now binds the log as it is then (and clears this)
+        self._start_rebind(reason)
+
+    def _start_rebind(self, reason: str) -> None:
+        if self.client is None:
+            return  # not connected: a connect in progress re-binds when it is done (`_rebind_pending`), else the next
+        if self._rebind_task is None or self._rebind_task.done():
+            self._rebind_task = asyncio.get_running_loop().create_task(self._rebind(reason), name="plc-rebind")
+
+    async def _rebind(self, reason: str) -> None:
+        while self._rebind_pending:
+            self._rebind_pending = False
+            client, generation = self.client, self._generation
+            if client is None or self.command_node is None:
+                return
+            if getattr(self.signer, "bound", True) is False:
+                # a TPM reset being re-measured: nothing can be quoted now; the re-measurement requests a re-bind
+                self.log.info("session re-bind deferred until the TPM is re-measured", reason=reason)
+                return
+            try:
+                await self._bind_session(client)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # StartupError (the PLC refused, the TPM failed), a dead session
+                if generation != self._generation:
+                    return  # that session is gone anyway: the reconnect binds
+                self.rebind_failures += 1
+                first = str(exc).splitlines()[0]
+                self.log.warning("session re-bind failed: the PLC session ends (nothing is sent under a credential "
+                                 "that no longer says what runs); reconnecting binds again", reason=reason,
+                                 error=first)
+                self.report_lost(generation, f"re-binding the session key after {reason} failed: {first}")
+                return
+            self.rebinds += 1
 
     async def _secure(self, client: Client) -> TrustListValidator:
         """Basic256Sha256 with this device's certificate; the PLC's certificate must be in the trust list."""
@@ -211,6 +397,9 @@ class PlcLink:
 
     async def close(self) -> None:
         """Forget the session and close it; bounded, so a PLC that is gone cannot hold up a reconnect."""
+        task, self._rebind_task = self._rebind_task, None
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
         client, self.client = self.client, None
         self.command_node = self.command_owner = None
         self._generation += 1  # what the old client still reports is ignored

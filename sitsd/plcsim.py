@@ -1,6 +1,7 @@
 """Runs the rolling-mill PLC simulator as its own process, wired to the envelope verifier.
 
     python -m sitsd.plcsim --udp-url opc.udp://239.255.10.1:4840 --trust-key signer.pub.pem
+    python -m sitsd.plcsim --enrollment enrollment.json --model-sha256 HEX     (tpm-session, enrolled AK only)
 
 Prints one JSON line `{"ready": true, "endpoint": ..., "udp_url": ...}` when serving, and the
 final stats as a JSON line when it stops (SIGINT, SIGTERM or --duration). With --control-stdin
@@ -47,10 +48,18 @@ class LazyVerifier:
 class SessionAcceptor:
     """Checks a session credential (TPM quote over the session key and this PLC's nonce) and returns the
     per-command verifier for that session. One SessionReplayState across every credential, so a new session
-    cannot take back an earlier one's nonce, session key or command sequence numbers."""
+    cannot take back an earlier one's nonce, session key or command sequence numbers.
 
-    def __init__(self, device_key_path: Path, model_sha256: bytes | None, freshness: dict | None = None,
-                 policy_key_path: Path | None = None, approval=None, authority=None) -> None:
+    With `enrollment` (attestation.tpm.enroll.Enrollment, a checked `sitsctl enroll` record) the AK it names is
+    the only one trusted and `device_key_path` is not read; a credential quoted by another AK is refused with
+    CredentialError code "ak" naming the enrollment file. Without it, the AK is read from `device_key_path`
+    (sitsd writes it: trusted as found)."""
+
+    def __init__(self, device_key_path: Path | None, model_sha256: bytes | None, freshness: dict | None = None,
+                 policy_key_path: Path | None = None, approval=None, authority=None, *, enrollment=None) -> None:
+        if device_key_path is None and enrollment is None:
+            raise ValueError("SessionAcceptor needs the device's AK: device_key_path or enrollment")
+        self.enrollment = enrollment
         self.device_key_path = device_key_path
         self.model_sha256 = model_sha256
         self.freshness = freshness or {}
@@ -65,10 +74,12 @@ class SessionAcceptor:
 
         if self.model_sha256 is None:
             raise CommandRejected("tpm-session verification needs --model-sha256", "model")
-        try:
-            trusted = self.device_key_path.read_bytes()
-        except OSError as exc:
-            raise CommandRejected(f"no device key at {self.device_key_path}: {exc}", "key") from exc
+        trusted = None
+        if self.enrollment is None:
+            try:
+                trusted = self.device_key_path.read_bytes()
+            except OSError as exc:
+                raise CommandRejected(f"no device key at {self.device_key_path}: {exc}", "key") from exc
         options = dict(self.freshness)
         if self.policy_key_path is not None:
             try:
@@ -76,14 +87,47 @@ class SessionAcceptor:
             except OSError as exc:
                 raise CommandRejected(f"no policy key at {self.policy_key_path}: {exc}", "key") from exc
             options.update(self.pin)
-        verifier = SessionVerifier(trusted, self.model_sha256, replay_state=self.replay_state,
-                                   **options).accept(credential, nonce)
+        if self.enrollment is not None:
+            from attestation.tpm.enroll import EnrolledSessionVerifier
+
+            verifier = EnrolledSessionVerifier(self.enrollment, self.model_sha256, replay_state=self.replay_state,
+                                               **options).accept(credential, nonce)
+        else:
+            verifier = SessionVerifier(trusted, self.model_sha256, replay_state=self.replay_state,
+                                       **options).accept(credential, nonce)
 
         def verify(envelope: bytes):
             env = verifier.verify(envelope)
             return env.command.sequence, env.command.values, env.command.failsafe
 
         return verify
+
+
+def measurement_pins(args: argparse.Namespace) -> dict:
+    """SessionVerifier's measurement pins from --expect-module, --expect-config-sha256, --require-measurements."""
+    pins: dict = {}
+    modules = {}
+    for item in args.expect_module:
+        stage, sep, sha = item.partition("=")
+        stage, sha = stage.strip(), sha.strip().lower()
+        if not sep or stage not in ("pre", "post"):
+            raise SystemExit(f"sitsctl plcsim: --expect-module {item!r}: write STAGE=SHA256 with STAGE pre or post")
+        if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+            raise SystemExit(f"sitsctl plcsim: --expect-module {item!r}: the SHA-256 must be 64 hex digits "
+                             "(sha256sum of the module file)")
+        if stage in modules:
+            raise SystemExit(f"sitsctl plcsim: --expect-module: stage {stage} given twice")
+        modules[stage] = sha
+    if modules:
+        pins["expected_modules"] = modules
+    if args.expect_config_sha256 is not None:
+        sha = args.expect_config_sha256.strip().lower()
+        if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+            raise SystemExit("sitsctl plcsim: --expect-config-sha256 must be 64 hex digits (sha256sum of the config)")
+        pins["expected_config_sha256"] = sha
+    if args.require_measurements:
+        pins["require_measurements"] = True
+    return pins
 
 
 def freshness_options(args: argparse.Namespace) -> dict:
@@ -120,17 +164,46 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--trust-key", type=Path, default=None,
                     help="PEM public key whose envelopes are accepted (sitsd writes <audit dir>/signer.pub.pem)")
     ap.add_argument("--trust-device-key", type=Path, default=None,
-                    help="tpm-session: the device's TPM attestation key (<audit dir>/device.pub.pem); commands are "
-                    "accepted once a session credential quoted by it against this PLC's nonce verifies")
+                    help="tpm-session: the device's TPM attestation key (<audit dir>/device.pub.pem), trusted as "
+                    "found (sitsd writes it); commands are accepted once a session credential quoted by it against "
+                    "this PLC's nonce verifies. Prefer --enrollment")
+    ap.add_argument("--enrollment", type=Path, default=None, metavar="FILE",
+                    help="tpm-session: the device's enrollment record (`sitsctl enroll --verify -o FILE`). It is "
+                    "checked at start (integrity digest, signature with --enrollment-authority, a restricted "
+                    "TPM-resident AK bound to the EK by credential activation; a bad record stops the simulator "
+                    "with what to fix) and its AK is then the only one trusted: a session credential quoted by any "
+                    "other AK is refused (code ak). Replaces --trust-device-key (ignored if also given)")
+    ap.add_argument("--enrollment-authority", type=Path, default=None, metavar="PUB.pem",
+                    help="with --enrollment: accept the record only if signed by this P-256 public key (the "
+                    "enrolling verifier's, `sitsctl enroll --verify --signing-key`)")
+    ap.add_argument("--require-ek-trust", default=None,
+                    choices=("certificate-chain", "pinned", "certificate-unchecked", "none"),
+                    help="with --enrollment: the weakest EK trust accepted, strongest first: certificate-chain "
+                    "(EK certificate checked against the TPM maker's CA), pinned (EK recorded at commissioning), "
+                    "certificate-unchecked, none; default: any the record has. A level above none needs "
+                    "--enrollment-authority (ek_trust is a field of the record: only its signature protects it)")
     ap.add_argument("--trust-policy-key", type=Path, default=None,
-                    help="with --trust-device-key: accept only a session key certified by this PolicyAuthorize-bound "
+                    help="with --trust-device-key or --enrollment: accept only a session key certified by this "
+                    "PolicyAuthorize-bound "
                     "device key (<audit dir>/device-policy.pub.pem, written by sitsd with attestation.certify_session), "
-                    "which the TPM certifies only while the measured model and modules are the approved ones")
+                    "which the TPM certifies only while the measured model and modules are the approved ones. "
+                    "The enrollment does not cover this key: it is trusted as found, even with --enrollment "
+                    "(docs/enroll.md)")
     ap.add_argument("--approval", type=Path, default=None,
                     help="with --trust-policy-key: accept only a certification under this approval (sitsctl policy "
                     "approve), which must approve --model-sha256; needs --authority-pub")
     ap.add_argument("--authority-pub", type=Path, default=None, help="the authority public key --approval is checked with")
     ap.add_argument("--model-sha256", default=None, help="accept only commands from this model (hex)")
+    ap.add_argument("--expect-module", action="append", default=[], metavar="STAGE=SHA256",
+                    help="tpm-session: accept a session credential only if its measurement log (PCR 23, quoted with "
+                    "the session key) says this module runs at STAGE (pre or post); repeat for each stage. The "
+                    "modules pinned must be exactly the ones the log names (refused: code module)")
+    ap.add_argument("--expect-config-sha256", default=None, metavar="HEX",
+                    help="tpm-session: accept a session credential only if its measurement log says this config "
+                    "runs (the SHA-256 of the config file; refused: code config)")
+    ap.add_argument("--require-measurements", action="store_true",
+                    help="tpm-session: refuse a credential without a measurement log (an older sitsd, or measurement "
+                    "off; code unmeasured). Implied by --expect-module and --expect-config-sha256")
     ap.add_argument("--max-age-ms", type=float, default=1000.0,
                     help="refuse commands issued more than this long ago, valid for longer than this, or issued "
                     "this far in this host's future (the PLC side's freshness check; clocks must agree, as they "
@@ -152,6 +225,44 @@ def build_parser() -> argparse.ArgumentParser:
                     help="inject a fault at that time, e.g. stuck_sensor@20:entry_thickness, plc_fault@15, roll_wear@10x2 "
                     "(kinds: sensor_drift stuck_sensor clock_skew network_delay actuator_saturation roll_wear plc_fault)")
     return ap
+
+
+def load_enrollment_arg(args):
+    """The checked --enrollment record (attestation.tpm.enroll.Enrollment), or None; SystemExit saying what to fix."""
+    if args.enrollment is None:
+        return None
+    from attestation.tpm.enroll import EnrollError, ek_trust_requirement_problem, load_enrollment
+
+    problem = ek_trust_requirement_problem(args.require_ek_trust, args.enrollment_authority,
+                                           option="--require-ek-trust",
+                                           authority_option="--enrollment-authority PUB.pem")
+    if problem is not None:
+        raise SystemExit(f"sitsctl plcsim: {problem}")
+    authority = None
+    if args.enrollment_authority is not None:
+        from attestation.tpm.policy import PolicyError, load_authority_public
+
+        try:
+            authority = load_authority_public(args.enrollment_authority)
+        except PolicyError as exc:
+            raise SystemExit(f"sitsctl plcsim: --enrollment-authority: {exc.reason}") from None
+    try:
+        enrollment = load_enrollment(args.enrollment, authority=authority, min_ek_trust=args.require_ek_trust)
+    except EnrollError as exc:
+        raise SystemExit(f"sitsctl plcsim: --enrollment: {exc.reason}") from None
+    notes = [f"trusting only AK sha256:{enrollment.ak_fingerprint}… (name {enrollment.ak_name[:20]}…) enrolled in "
+             f"{args.enrollment}, ek_trust {enrollment.ek_trust}"]
+    if enrollment.signature_checked:
+        notes.append(f"record signature verified (key {enrollment.signed_by[:16]}…)")
+    else:
+        notes.append("WARNING: the record's signature was NOT checked (no --enrollment-authority): whoever could "
+                     f"write {args.enrollment} chose this AK (an unsigned record's digest can be recomputed by "
+                     "anyone); sign it with `sitsctl enroll --verify --signing-key KEY.pem` and give the public key "
+                     "with --enrollment-authority PUB.pem")
+    if args.trust_device_key is not None:
+        notes.append(f"--trust-device-key {args.trust_device_key} is not used")
+    print(f"sitsctl plcsim: {'; '.join(notes)}", file=sys.stderr, flush=True)
+    return enrollment
 
 
 def _check_fault(text: str | None, profile: str) -> str | None:
@@ -182,10 +293,18 @@ async def run(args) -> int:
     if bool(args.eth_url) != bool(args.eth_interface):
         raise SystemExit("sitsctl plcsim: --eth-url and --eth-interface go together")
     model = bytes.fromhex(args.model_sha256) if args.model_sha256 else None
-    if (args.trust_key is None) == (args.trust_device_key is None):
-        raise SystemExit("sitsctl plcsim: give exactly one of --trust-key and --trust-device-key")
-    if args.trust_policy_key is not None and args.trust_device_key is None:
-        raise SystemExit("sitsctl plcsim: --trust-policy-key goes with --trust-device-key (tpm-session)")
+    session_mode = args.trust_device_key is not None or args.enrollment is not None
+    if args.trust_key is not None and args.enrollment is not None:
+        raise SystemExit("sitsctl plcsim: --enrollment pins the TPM attestation key of tpm-session; --trust-key is "
+                         "the envelope signer of the other signing modes: give one of them")
+    if (args.trust_key is None) == (not session_mode):
+        raise SystemExit("sitsctl plcsim: give exactly one of --trust-key and --trust-device-key (or --enrollment)")
+    if args.trust_policy_key is not None and not session_mode:
+        raise SystemExit("sitsctl plcsim: --trust-policy-key goes with --trust-device-key or --enrollment "
+                         "(tpm-session)")
+    if args.enrollment is None and (args.enrollment_authority is not None or args.require_ek_trust is not None):
+        raise SystemExit("sitsctl plcsim: --enrollment-authority and --require-ek-trust go with --enrollment")
+    enrollment = load_enrollment_arg(args)
     approval = authority = None
     if args.approval is not None or args.authority_pub is not None:
         if args.approval is None or args.authority_pub is None or args.trust_policy_key is None or model is None:
@@ -200,17 +319,24 @@ async def run(args) -> int:
         if approval.model_sha256 != model.hex():
             raise SystemExit(f"sitsctl plcsim: --approval approves model {approval.model_sha256}, not --model-sha256")
     freshness = freshness_options(args)
-    if args.trust_device_key is not None:
+    pins = measurement_pins(args)
+    if pins and not session_mode:
+        raise SystemExit("sitsctl plcsim: --expect-module, --expect-config-sha256 and --require-measurements check "
+                         "the tpm-session credential: they go with --trust-device-key or --enrollment")
+    freshness = {**freshness, **pins}
+    if session_mode:
         sim = RollingMillSimulator(settings, None,
                                    session_acceptor=SessionAcceptor(args.trust_device_key, model, freshness,
-                                                                    args.trust_policy_key, approval, authority))
+                                                                    args.trust_policy_key, approval, authority,
+                                                                    enrollment=enrollment))
     else:
         sim = RollingMillSimulator(settings, LazyVerifier(args.trust_key, model, freshness))
     await sim.start()
     publisher = threading.Thread(target=sim.run_publisher, args=(args.duration,), name="plcsim-publisher", daemon=True)
     publisher.start()
     time.sleep(0.05)  # let the publisher open its socket, so the READY line can report launch-time support
-    print(json.dumps({"ready": True, "launch_time": sim.launch_time_status, "endpoint": sim.endpoint, "udp_url": args.udp_url, "eth_url": args.eth_url}),
+    print(json.dumps({"ready": True, "launch_time": sim.launch_time_status, "endpoint": sim.endpoint, "udp_url": args.udp_url, "eth_url": args.eth_url,
+                      **({"enrollment": enrollment.describe()} if enrollment is not None else {})}),
           flush=True)
     loop = asyncio.get_running_loop()
     lines: asyncio.Queue[str] = asyncio.Queue()

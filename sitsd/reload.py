@@ -11,13 +11,25 @@ hot-swapped one) must stay proven inside the new actuator limits over the new ad
 manifest's certificate is replayed when it covers them, else the bounds are proven anew; a streaming
 model's tanh head must fit the new limits). Otherwise the reload is refused with the report. The proof
 takes a fraction of a second, so callers run `reload` off the I/O event loop.
+
+The file is read once: its signature is checked (attestation.require_signatures all), it is parsed and (measured)
+hashed from those same bytes, so what is measured is what runs.
+
+Measured (`measure=True`: SIGHUP, `sitsctl reload`, `sitsctl update --config` and a live deploy): a config whose
+bytes differ from the newest config event is extended into the measurement PCR as `config <name> <sha256>` after it
+is proven and its rules objects are built, and before it goes live, as a hot swap is measured before it runs. A
+measurement that fails refuses the reload (the running rules stay, nothing claims the new ones). Under tpm-session
+the event makes the PLC link bind the session key again, so the PLC's credential names the config that runs
+(sitsd/plc_link.py). `adopt_path` (update --config, deploy): the daemon's config_path becomes `path` under the
+reload lock, with the rules; `expected_sha256` (deploy): the bytes read must be the ones the deployment checked.
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
 
-from .config import Config, load_config
+from .config import Config, load_config, read_config_bytes
 from .errors import ConfigError
 from .gates import ConstraintGate, SafetyEnvelope
 
@@ -67,14 +79,24 @@ def prove_live(daemon, new: Config) -> str:
     return report.splitlines()[0] if report else "proven"
 
 
+def prepare(daemon, new: Config) -> tuple:
+    """Build the new rules' objects (what can fail: before anything is measured or swapped)."""
+    return new, ConstraintGate(new.signals, new.constraints), SafetyEnvelope(new.safety.actuators, new.model.outputs)
+
+
 def apply(daemon, new: Config) -> None:
     """Swap the rules in the running loop (reference assignments the loop picks up at the next frame)."""
+    commit(daemon, prepare(daemon, new))
+
+
+def commit(daemon, prepared: tuple) -> None:
+    """Swap in rules built by `prepare`: carries the rate and safety references over, then reference assignments
+    the loop picks up at the next frame."""
+    new, gate, safety = prepared
     loop = daemon.loop
-    gate = ConstraintGate(new.signals, new.constraints)
     old_gate = loop.constraints
     gate._prev[:] = old_gate._prev  # rates keep their reference frame
     gate._prev_ns, gate._has_prev = old_gate._prev_ns, old_gate._has_prev
-    safety = SafetyEnvelope(new.safety.actuators, new.model.outputs)
     safety.last[:] = loop.safety.last
     safety._last_ns = loop.safety._last_ns
     t = new.timing
@@ -92,32 +114,70 @@ def apply(daemon, new: Config) -> None:
     daemon.cfg = new
 
 
-def reload(daemon, path: Path, overrides: dict | None = None) -> dict:
-    """Load, check and apply; tells systemd RELOADING=1 ... READY=1 around it. Returns the outcome. One at a
-    time (SIGHUP, `sitsctl reload`, `update --config` and a live deploy all come here)."""
+def reload(daemon, path: Path, overrides: dict | None = None, *, measure: bool = False, adopt_path: bool = False,
+           expected_sha256: str | None = None) -> dict:
+    """Read once, check, build, measure and apply; tells systemd RELOADING=1 ... READY=1 around it. Returns the
+    outcome ({"reloaded": True, "changed", "sha256" (of the bytes that run), "measured" when measured} or
+    {"reloaded": False, "error"}). One at a time (SIGHUP, `sitsctl reload`, `update --config` and a live deploy all
+    come here). `measure`: extend the config into the daemon's measurement log before it goes live; `adopt_path`:
+    set daemon.config_path to `path` with the rules; `expected_sha256`: refuse other bytes (see the module
+    docstring)."""
     import threading
 
     lock = getattr(daemon, "_reload_lock", None) or threading.Lock()
     with lock:
-        return _reload(daemon, path, overrides)
+        return _reload(daemon, path, overrides, measure, adopt_path, expected_sha256)
 
 
-def _reload(daemon, path: Path, overrides: dict | None = None) -> dict:
+class _Unmeasured(Exception):
+    pass
+
+
+def _measure_config(daemon, path: Path, sha: str) -> dict:
+    """Record `config <name> <sha>` (`sha`: of the bytes read once, that run) unless the newest config event already
+    names these bytes. Returns what was measured ({} when nothing was); _Unmeasured when the measurement fails."""
+    from attestation.measurement import CONFIG_KINDS
+
+    log = getattr(daemon, "measurements", None)
+    if log is None:
+        return {}
+    last = next((e for e in reversed(log.events) if e.kind in CONFIG_KINDS), None)
+    if last is not None and (last.name, last.sha256) == (Path(path).name, sha):
+        return {}
+    try:
+        event = log.record("config", Path(path).name, sha)
+    except Exception as exc:  # MeasurementError (TPM gone, PCR moved), OSError (disk full)
+        raise _Unmeasured(f"could not measure the config into PCR {log.pcr} ({exc}); nothing changed") from None
+    return {"measured": {"pcr": log.pcr, "sha256": sha, "value": event.pcr_after}}
+
+
+def _reload(daemon, path: Path, overrides: dict | None = None, measure: bool = False, adopt_path: bool = False,
+            expected_sha256: str | None = None) -> dict:
     daemon.notifier.send(f"RELOADING=1\nMONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
     from attestation.signatures import SignatureError
 
     from .signatures import SignaturePolicy
 
+    path = Path(path)
     try:
+        data = read_config_bytes(path)  # once: the signature, the parse and the measurement are of these bytes
+        sha = hashlib.sha256(data).hexdigest()
+        if expected_sha256 is not None and sha != expected_sha256:
+            raise ReloadRefused(f"{path}: SHA-256 {sha[:16]}… is not the checked {expected_sha256[:16]}… (the file "
+                                "changed since it was checked)")
         # attestation.require_signatures all: the running policy decides (attestation needs a restart)
-        SignaturePolicy.from_config(daemon.cfg).check("config", Path(path))
-        new = load_config(path, overrides)
+        SignaturePolicy.from_config(daemon.cfg).check("config", path, sha)
+        new = load_config(path, overrides, data=data)
         changed = plan(daemon.cfg, new)
         if {"signals", "constraints", "safety"} & set(changed):
             proof = prove_live(daemon, new)
             daemon.log.info("reload proven", changed=changed, proof=proof)
-        apply(daemon, new)
-    except (ConfigError, ReloadRefused, SignatureError) as exc:
+        prepared = prepare(daemon, new)  # built before the measurement: what fails here leaves nothing measured
+        measured = _measure_config(daemon, path, sha) if measure else {}
+        commit(daemon, prepared)
+        if adopt_path:
+            daemon.config_path = path
+    except (ConfigError, ReloadRefused, SignatureError, _Unmeasured) as exc:
         reason = str(exc)
         daemon.log.error("config reload refused; the running configuration stays", error=reason, config=str(path))
         daemon.notifier.send(f"READY=1\nSTATUS=reload refused: {reason.splitlines()[0][:200]}")
@@ -127,6 +187,6 @@ def _reload(daemon, path: Path, overrides: dict | None = None) -> dict:
 
         configure(new.logging.level)
     daemon.reloads += 1
-    daemon.log.info("config reloaded", config=str(path), changed=changed)
+    daemon.log.info("config reloaded", config=str(path), changed=changed, **measured)
     daemon.notifier.send(f"READY=1\nSTATUS={daemon.status_line()}")
-    return {"reloaded": True, "changed": changed}
+    return {"reloaded": True, "changed": changed, "sha256": sha, **measured}

@@ -427,6 +427,11 @@ class AttestationSection(_Section):
         default=False, description="tpm-session: at each start the PolicyAuthorize-bound device key "
         "(device_key_handle) certifies the session key, which the TPM does only while the measured model and modules are the ones "
         "`approval` approves; sitsd refuses to start otherwise. Needs approval and authority_key")
+    enrollment_authority: Path | None = Field(
+        default=None, description="the enrolling verifier's P-256 public key (PEM; `sitsctl enroll --verify "
+        "--signing-key`): `sitsctl deploy` accepts the AK enrollment record (--enrollment, or "
+        "<audit.directory>/enrollment.json) only with its valid signature, and refuses to deploy without a record. "
+        "Keep it outside audit.directory (writable by sitsd itself)")
     require_signatures: Literal["off", "modules", "all"] = Field(
         default="off", description="which files need the authority's detached signature (FILE.sig, `sitsctl sign`) "
         "at startup, hot swap and reload: none, WASM modules, or modules + model + config (production: all)")
@@ -477,6 +482,13 @@ class AttestationSection(_Section):
         if self.approval is None or self.authority_key is None:
             raise ValueError("certify_session needs approval (sitsctl policy approve) and authority_key, the "
                              "authority's public key the device key is bound to")
+        return self
+
+    @model_validator(mode="after")
+    def _enrollment_authority(self):
+        if self.enrollment_authority is not None and self.mode != "tpm2":
+            raise ValueError("enrollment_authority checks the record that pins the TPM's attestation key (AK): it "
+                             "needs mode tpm2; remove it with mode software")
         return self
 
     @model_validator(mode="after")

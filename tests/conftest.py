@@ -194,3 +194,13 @@ def udp_loopback(layout, **source_kwargs):
 
     url = multicast_group_url()
     return UdpFrameSource(url, layout, "127.0.0.1", **source_kwargs), UdpPublisher(url, "127.0.0.1")
+
+
+@pytest.fixture(autouse=True)
+def _no_cli_overrides_leak():
+    """`sitsctl --tcti` run in process (sitsd.cli.main) leaves its value in sitsd.config.CLI_OVERRIDES, which every
+    later load_config applies: clear it after each test, so no test depends on the order the suite runs in."""
+    yield
+    from sitsd import config
+
+    config.CLI_OVERRIDES.clear()

@@ -23,6 +23,14 @@ Device side (tpm2-pytss ESAPI):
 Only a TPM holding the EK private key (to recover the seed) and an object with exactly the AK's Name (the
 HMAC covers it) gets the secret back. That the EK is a genuine TPM's is a separate question: the EK
 certificate chain up to the TPM manufacturer's CA answers it (docs/enroll.md).
+
+Readers of the result (the PLC side, sitsctl deploy; pure Python):
+
+- `seal_record(record, signing_key)` gives the enrollment record its integrity digest and, optionally, the
+  enrolling verifier's signature; `load_enrollment(path, authority=, min_ek_trust=)` checks a record (digest,
+  signature, that its AK is a restricted TPM-resident key whose Name the credential was bound to, its EK) and
+  returns the `Enrollment`: the one AK to trust.
+- `EnrolledSessionVerifier(enrollment, model_sha256, ...)` is a session verifier that trusts that AK only.
 """
 from __future__ import annotations
 
@@ -76,7 +84,9 @@ MAX_PUBLIC_BYTES = 1024  # an RSA 4096 TPMT_PUBLIC is < 600 bytes; bounds work o
 class EnrollError(AttestationError):
     """Enrollment refused or failed. `code`: malformed (a structure does not parse), ak (not a usable
     AK), ek (not an EK / does not match its certificate), certificate, integrity (the TPM refused the
-    credential: wrong AK, wrong TPM or tampered), secret (the device answered another secret), tpm."""
+    credential: wrong AK, wrong TPM or tampered), secret (the device answered another secret), tpm, record (an
+    enrollment record that is malformed, edited, unsigned where a signature is required, or too weakly
+    vouched for: `load_enrollment`)."""
 
     def __init__(self, reason: str, code: str) -> None:
         super().__init__(reason)
@@ -274,6 +284,16 @@ def check_ak(ak: PublicArea) -> None:
                           "(sitsctl enroll uses the AK that TPM2_Quote signs with, attestation.ak_handle)", "ak")
 
 
+def check_ak_usable(ak: PublicArea) -> None:
+    """The AK must be an ECC NIST P-256 key: the quotes it signs are checked as ECDSA P-256 (the PLC side's
+    session verifier, `sitsctl deploy`); an enrollment of another key type could never verify a quote."""
+    if ak.type != ALG_ECC or ak.curve != 0x0003:
+        what = f"RSA {ak.rsa_bits}" if ak.type == ALG_RSA else f"ECC curve 0x{ak.curve:04x}"
+        raise EnrollError(f"AK refused: it is an {what} key; quotes are checked as ECDSA P-256, so the AK must be an "
+                          "ECC NIST P-256 restricted signing key (the one sitsd creates at attestation.ak_handle)",
+                          "ak")
+
+
 def make_credential(ek_public, ak_name: bytes, secret: bytes, *, rng=os.urandom) -> tuple[bytes, bytes]:
     """TPM2_MakeCredential in software: (credential_blob, encrypted_secret), the contents of TPM2B_ID_OBJECT
     and TPM2B_ENCRYPTED_SECRET that TPM2_ActivateCredential takes. `ek_public` is a marshalled TPMT_PUBLIC
@@ -436,3 +456,338 @@ def activate_credential(esapi, ak, ek, credential_blob: bytes, encrypted_secret:
 
 def secret_matches(expected: bytes, answered: bytes) -> bool:
     return hmac.compare_digest(bytes(expected), bytes(answered))
+
+
+# --- the enrollment record: written by the verifier (sitsctl enroll --verify), read by the PLC side and deploy ------
+#
+# The record names the AK that credential activation proved to be in the TPM of one EK. Whoever trusts the
+# record trusts that AK, and no other. It is a JSON object (RECORD_FIELDS) plus
+#   record_sha256  SHA-256(RECORD_DOMAIN || canonical JSON of every other field but `signature`): catches a
+#                  record edited or damaged after it was written (not a forgery: anyone can recompute it);
+#   signature      optional: {"alg": "ecdsa-p256-sha256", "key_id": SHA-256 of the signer's SPKI (hex),
+#                  "value": base64 DER ECDSA over the same bytes}, by the enrolling verifier's P-256 key
+#                  (`sitsctl enroll --verify --signing-key`). A reader given that public key refuses a record
+#                  it did not sign: then the record is as trustworthy as that key, wherever the file travels.
+# `load_enrollment` checks a record completely: format, fields, digest, signature (when a key is given), that
+# the AK public area is a restricted signing key resident in a TPM (check_ak), that the AK Name the credential
+# was made for is the Name of that public area and that `ak_public_pem` is its key, that the EK is an EK
+# (check_ek) whose hash the record states, and the EK trust level its reader demands.
+
+RECORD_FORMAT = "sits-enroll-record/2"
+RECORD_FORMAT_V1 = "sits-enroll-record/1"  # before records carried a digest: refused with "enroll again"
+RECORD_DOMAIN = b"sits2026/enroll-record/v2\0"
+RECORD_SIGNATURE_ALG = "ecdsa-p256-sha256"
+ACTIVATION_METHOD = "TPM2_ActivateCredential"
+DEFAULT_RECORD_NAME = "enrollment.json"  # on the device: <audit.directory>/enrollment.json, read by sitsctl deploy
+EK_TRUST_LEVELS = ("certificate-chain", "pinned", "certificate-unchecked", "none")  # strongest first
+MAX_RECORD_BYTES = 64 * 1024
+# field -> (JSON type, may be null)
+RECORD_FIELDS = {"format": (str, False), "enrolled_at": (str, False), "challenge_id": (str, False),
+                 "ak_handle": (str, True), "ak_name": (str, False), "ak_public": (str, False),
+                 "ak_public_pem": (str, False), "ek_kind": (str, False), "ek_public": (str, False),
+                 "ek_public_sha256": (str, False), "ek_public_pem": (str, False),
+                 "ek_certificate_sha256": (str, True), "ek_trust": (str, False), "request_sha256": (str, True),
+                 "activation": (dict, False), "record_sha256": (str, False)}
+_RECORD_HINT = ("use the file `sitsctl enroll --verify RESPONSE.json -o enrollment.json` wrote, unchanged, or "
+                "enroll the device again (docs/enroll.md)")
+
+
+def record_signed_bytes(record: dict) -> bytes:
+    """What `record_sha256` hashes and `signature` signs: RECORD_DOMAIN || canonical JSON (sorted keys, no
+    whitespace, ASCII) of every field but `record_sha256` and `signature`."""
+    import json
+
+    body = {k: v for k, v in record.items() if k not in ("record_sha256", "signature")}
+    return RECORD_DOMAIN + json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def seal_record(record: dict, signing_key=None) -> dict:
+    """The record with `record_sha256` and, given a P-256 private key, its `signature`."""
+    import base64
+
+    from cryptography.hazmat.primitives.asymmetric import ec as _ec
+
+    out = {k: v for k, v in record.items() if k not in ("record_sha256", "signature")}
+    out["format"] = RECORD_FORMAT
+    data = record_signed_bytes(out)
+    out["record_sha256"] = hashlib.sha256(data).hexdigest()
+    if signing_key is not None:
+        if not isinstance(signing_key, _ec.EllipticCurvePrivateKey) or signing_key.curve.name != "secp256r1":
+            raise ValueError("the enrollment record signing key must be an ECDSA P-256 private key")
+        out["signature"] = {"alg": RECORD_SIGNATURE_ALG, "key_id": _key_id(signing_key.public_key()),
+                            "value": base64.b64encode(signing_key.sign(data, ec.ECDSA(hashes.SHA256()))).decode()}
+    return out
+
+
+def _key_id(public_key) -> str:
+    return hashlib.sha256(public_key.public_bytes(serialization.Encoding.DER,
+                                                  serialization.PublicFormat.SubjectPublicKeyInfo)).hexdigest()
+
+
+def _spki_der(pem) -> bytes | None:
+    from cryptography.exceptions import UnsupportedAlgorithm
+
+    try:
+        key = serialization.load_pem_public_key(pem if isinstance(pem, bytes) else str(pem).encode())
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        return None
+    return key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def ak_fingerprint(ak_public_pem) -> str:
+    """SHA-256 of an AK's SubjectPublicKeyInfo (hex, first 16 digits): how errors name an AK."""
+    der = _spki_der(ak_public_pem)
+    return hashlib.sha256(der).hexdigest()[:16] if der is not None else "(not a public key)"
+
+
+@dataclass(frozen=True)
+class Enrollment:
+    """A checked enrollment record: the one AK its reader trusts."""
+
+    path: str
+    ak_public_pem: bytes  # derived from the AK public area whose Name the credential was bound to
+    ak_name: str
+    ak_handle: str | None
+    ek_kind: str
+    ek_trust: str
+    ek_public_sha256: str
+    enrolled_at: str
+    challenge_id: str
+    signed_by: str | None  # key id of the key whose signature was checked and verified; None otherwise
+    signature_checked: bool  # True only when the reader gave the signer's public key and it verified
+    claimed_signed_by: str | None = None  # the key id a signature names, when nobody checked it (no authority)
+
+    @property
+    def trust(self) -> str:
+        """How far the record itself is vouched for: "enrolled" (its signature by the reader's enrollment
+        authority verified) or "enrolled-unverified" (digest only: whoever could write the file chose the AK)."""
+        return "enrolled" if self.signature_checked else "enrolled-unverified"
+
+    @property
+    def ak_fingerprint(self) -> str:
+        return ak_fingerprint(self.ak_public_pem)
+
+    def matches(self, ak_public_pem) -> bool:
+        """Whether `ak_public_pem` (PEM, bytes or str) is the enrolled AK."""
+        der = _spki_der(ak_public_pem)
+        return der is not None and hmac.compare_digest(der, _spki_der(self.ak_public_pem))
+
+    def describe(self) -> dict:
+        return {"file": self.path, "ak_name": self.ak_name, "ak_sha256": self.ak_fingerprint,
+                "ak_handle": self.ak_handle, "ek_kind": self.ek_kind, "ek_trust": self.ek_trust,
+                "ek_public_sha256": self.ek_public_sha256, "enrolled_at": self.enrolled_at,
+                "signature_checked": self.signature_checked,
+                **({"signed_by": self.signed_by} if self.signature_checked else
+                   {"claimed_signed_by": self.claimed_signed_by})}
+
+
+def _record_error(where: str, what: str, fix: str = _RECORD_HINT) -> EnrollError:
+    return EnrollError(f"enrollment record {where}: {what}; {fix}", "record")
+
+
+def ek_trust_requirement_problem(min_ek_trust: str | None, authority, *, option: str = "min_ek_trust",
+                                 authority_option: str = "authority") -> str | None:
+    """Why requiring `min_ek_trust` without an enrollment authority key means nothing (None when it is fine):
+    ek_trust is a field of the record, and an unsigned record (or one whose signature nobody checks) can be
+    edited by anyone who then recomputes its digest. Only "none" (no requirement) goes without a key."""
+    if min_ek_trust is None or min_ek_trust == "none" or authority is not None:
+        return None
+    return (f"{option} {min_ek_trust} needs {authority_option}: ek_trust is a field of the enrollment record, and "
+            "without the enrolling verifier's public key to check the record's signature anyone who can write the "
+            "record can set it to any level and recompute its digest. Give the verifier's public key (the record "
+            "signed with `sitsctl enroll --verify --signing-key KEY.pem`), or drop the requirement")
+
+
+def _no_duplicate_keys(pairs):
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def load_enrollment(path, *, authority=None, min_ek_trust: str | None = None) -> Enrollment:
+    """Read and check the enrollment record at `path` (see above). `authority`: the enrolling verifier's P-256
+    public key; when given the record must carry its valid signature. `min_ek_trust`: the weakest EK trust
+    level accepted (EK_TRUST_LEVELS, strongest first); None accepts any. A level above "none" needs `authority`
+    (ValueError otherwise: the level is a field of the record, which only the signature protects). Raises
+    EnrollError code "record" saying what is wrong, where, and how to fix it. `Enrollment.signed_by` is set only
+    when the signature was checked (else the key id it names is `claimed_signed_by`), and `Enrollment.trust` is
+    "enrolled" then, "enrolled-unverified" otherwise."""
+    import json
+
+    where = str(path)
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_RECORD_BYTES + 1)
+    except OSError as exc:
+        raise _record_error(where, f"cannot read it ({exc.strerror or exc})",
+                            "copy the record `sitsctl enroll --verify` wrote to this path, or give its path") from None
+    if len(data) > MAX_RECORD_BYTES:
+        raise _record_error(where, f"larger than {MAX_RECORD_BYTES} bytes: not an enrollment record")
+    try:
+        record = json.loads(data, object_pairs_hook=_no_duplicate_keys)
+    except _DuplicateKey as exc:
+        raise _record_error(where, f"key {exc.key!r} appears twice in one JSON object: readers could disagree on "
+                            "which value counts; the record was edited") from None
+    except ValueError as exc:
+        line = f" at line {exc.lineno} column {exc.colno}" if hasattr(exc, "lineno") else ""
+        raise _record_error(where, f"not JSON{line} ({getattr(exc, 'msg', exc)})") from None
+    return check_enrollment(record, where, authority=authority, min_ek_trust=min_ek_trust)
+
+
+def check_enrollment(record, where: str = "(in memory)", *, authority=None,
+                     min_ek_trust: str | None = None) -> Enrollment:
+    """`load_enrollment` on an already parsed record."""
+    import base64
+    import string
+
+    problem = ek_trust_requirement_problem(min_ek_trust, authority)
+    if problem is not None:
+        raise ValueError(problem)
+    if min_ek_trust is not None and min_ek_trust not in EK_TRUST_LEVELS:
+        raise ValueError(f"min_ek_trust must be one of {EK_TRUST_LEVELS}, got {min_ek_trust!r}")
+    if not isinstance(record, dict):
+        raise _record_error(where, f"a JSON {type(record).__name__}, not an object")
+    fmt = record.get("format")
+    if fmt == RECORD_FORMAT_V1:
+        raise _record_error(where, f"format {RECORD_FORMAT_V1} was written by an older sitsctl and carries no "
+                            "integrity digest", "enroll the device again with this sitsctl (docs/enroll.md)")
+    if fmt != RECORD_FORMAT:
+        raise _record_error(where, f"format {fmt!r} is not {RECORD_FORMAT!r}: not an enrollment record (a request, "
+                            "challenge or response of `sitsctl enroll`, or another file?)")
+    for field, (kind, nullable) in RECORD_FIELDS.items():
+        if field not in record:
+            raise _record_error(where, f"field {field!r} is missing")
+        value = record[field]
+        if not (isinstance(value, kind) or (nullable and value is None)):
+            raise _record_error(where, f"field {field!r} must be a {'string' if kind is str else 'JSON object'}"
+                                f"{' or null' if nullable else ''}, got {type(value).__name__}")
+    extra = sorted(set(record) - set(RECORD_FIELDS) - {"signature"})
+    if extra:
+        raise _record_error(where, f"unknown field(s) {', '.join(map(repr, extra))}: the record was edited")
+
+    # integrity first: a record edited after it was written says so, whatever field was edited
+    data = record_signed_bytes(record)
+    claimed = record["record_sha256"]
+    if len(claimed) != 64 or any(c not in string.hexdigits for c in claimed):
+        raise _record_error(where, "record_sha256 is not 64 hex digits: the record was edited or damaged",
+                            "restore the original file, or enroll the device again (docs/enroll.md)")
+    if not hmac.compare_digest(hashlib.sha256(data).hexdigest(), claimed.lower()):
+        raise _record_error(where, "record_sha256 does not match its contents: the record was edited or damaged "
+                            "after `sitsctl enroll --verify` wrote it",
+                            "restore the original file, or enroll the device again (docs/enroll.md)")
+    signature = record.get("signature")
+    signed_by = None
+    if signature is not None:
+        if not isinstance(signature, dict) or signature.get("alg") != RECORD_SIGNATURE_ALG \
+                or not isinstance(signature.get("key_id"), str) or not isinstance(signature.get("value"), str):
+            raise _record_error(where, f"field 'signature' must be {{\"alg\": \"{RECORD_SIGNATURE_ALG}\", \"key_id\": "
+                                "hex, \"value\": base64}")
+        signed_by = signature["key_id"]
+    if authority is not None:
+        want = _key_id(authority)
+        if signature is None:
+            raise _record_error(where, f"not signed, and a signature by the enrollment key {want[:16]}… is required",
+                                "have the verifier sign it: `sitsctl enroll --verify ... --signing-key KEY.pem`")
+        if signed_by != want:
+            raise _record_error(where, f"signed by key {signed_by[:16]}…, not by the trusted enrollment key "
+                                f"{want[:16]}…", "get the record from the verifier that holds the trusted key, or "
+                                "give that verifier's public key")
+        try:
+            authority.verify(base64.b64decode(signature["value"], validate=True), data, ec.ECDSA(hashes.SHA256()))
+        except Exception:  # InvalidSignature, a bad base64 or DER
+            raise _record_error(where, "the signature does not verify: the record was altered (the digest was "
+                                "recomputed) or forged", "get the original record from the verifier") from None
+
+    # the AK: a TPM-resident restricted signing key, whose Name the credential was bound to
+    def b64(field: str) -> bytes:
+        try:
+            return base64.b64decode(record[field], validate=True)
+        except ValueError:
+            raise _record_error(where, f"field {field!r} is not base64") from None
+
+    try:
+        ak = parse_public(b64("ak_public"), "AK public area (field 'ak_public')")
+        check_ak(ak)
+        check_ak_usable(ak)
+        ek = parse_public(b64("ek_public"), "EK public area (field 'ek_public')")
+        check_ek(ek)
+    except EnrollError as exc:
+        raise _record_error(where, exc.reason) from None
+    name = ak.name().hex()
+    activation = record["activation"]
+    if activation.get("method") != ACTIVATION_METHOD:
+        raise _record_error(where, f"activation.method is {activation.get('method')!r}, not {ACTIVATION_METHOD!r}: "
+                            "the record does not say the AK was bound to the EK by credential activation")
+    if record["ak_name"].lower() != name or str(activation.get("ak_name", "")).lower() != name:
+        raise _record_error(where, f"the AK Name the credential was made for ({activation.get('ak_name')}) or "
+                            f"ak_name ({record['ak_name']}) is not the Name of the AK public area ({name})")
+    if activation.get("challenge_id") != record["challenge_id"]:
+        raise _record_error(where, "activation.challenge_id is not the record's challenge_id")
+    if _spki_der(record["ak_public_pem"]) != ak.public_key_der():
+        raise _record_error(where, "ak_public_pem is not the key of the AK public area (field 'ak_public')")
+    ek_sha = hashlib.sha256(ek.public_key_der()).hexdigest()
+    if record["ek_public_sha256"].lower() != ek_sha or _spki_der(record["ek_public_pem"]) != ek.public_key_der():
+        raise _record_error(where, "ek_public_sha256 or ek_public_pem is not the key of the EK public area "
+                            "(field 'ek_public')")
+    if str(activation.get("ek_public_sha256", "")).lower() != ek_sha:
+        raise _record_error(where, "the credential was encrypted to another EK (activation.ek_public_sha256) than "
+                            "the record's")
+    if record["ek_kind"] != ek.kind:
+        raise _record_error(where, f"ek_kind {record['ek_kind']!r} is not the EK public area's type ({ek.kind})")
+    trust = record["ek_trust"]
+    if trust not in EK_TRUST_LEVELS:
+        raise _record_error(where, f"ek_trust {trust!r} is none of {', '.join(EK_TRUST_LEVELS)}")
+    if min_ek_trust is not None:
+        if EK_TRUST_LEVELS.index(trust) > EK_TRUST_LEVELS.index(min_ek_trust):
+            raise _record_error(where, f"the EK was enrolled with ek_trust {trust!r}, this reader requires at least "
+                                f"{min_ek_trust!r}", "enroll the device again with --ek-ca (the TPM manufacturer's "
+                                "CA) or --expect-ek (the EK recorded at commissioning)")
+    checked = authority is not None  # and it verified: every failure above raised
+    return Enrollment(where, ak.public_key_pem(), name, record["ak_handle"], ek.kind, trust, ek_sha,
+                      record["enrolled_at"], record["challenge_id"], signed_by if checked else None, checked,
+                      None if checked else signed_by)
+
+
+class EnrolledSessionVerifier:
+    """The PLC side of tpm-session for an enrolled device: an `attestation.session.SessionVerifier` that trusts
+    the enrollment's AK and nothing else. A credential quoted by any other AK is refused with CredentialError
+    code "ak" naming the enrollment file and both AKs. Other arguments as SessionVerifier's (model, freshness,
+    device key, approval, replay_state ...); everything else is delegated to it."""
+
+    def __init__(self, enrollment: Enrollment, expected_model_sha256: bytes, **options) -> None:
+        from ..session import SessionVerifier
+
+        self.enrollment = enrollment
+        self._verifier = SessionVerifier(enrollment.ak_public_pem, expected_model_sha256, **options)
+
+    def accept(self, credential_bytes: bytes, nonce: bytes):
+        from ..session import CredentialError, SessionCredential
+
+        try:
+            return self._verifier.accept(credential_bytes, nonce)
+        except CredentialError as exc:
+            if exc.code != "ak":
+                raise
+            try:
+                other = ak_fingerprint(SessionCredential.from_cbor(credential_bytes).ak_public_pem)
+            except CredentialError:
+                other = "(unreadable)"
+            e = self.enrollment
+            raise CredentialError(f"session credential quoted by AK sha256:{other}…, not by the AK enrolled in "
+                                  f"{e.path} (sha256:{e.ak_fingerprint}…, name {e.ak_name[:20]}…): another TPM, or "
+                                  "an AK re-created since the enrollment; refused (enroll the device again if its "
+                                  "AK was legitimately replaced)", "ak") from None
+
+    def __getattr__(self, name):
+        if name == "_verifier":  # not set yet (__init__ raised): no recursion
+            raise AttributeError(name)
+        return getattr(self._verifier, name)

@@ -5,17 +5,58 @@ lock), and with it SIGTERM. Used by the tpm-direct signer (attestation.tpm.signe
 (attestation.session), and through their `_open_esapi` by the measurement log and the audit anchor.
 
 Timeouts are read when a call is made, never bound at definition time: a test may lower TPM_CALL_TIMEOUT_S here.
+A call that outlives its bound raises TpmTimeout (a TpmError); `pending_calls` lists the calls in progress in the
+process (sitsd's start reports what it waits for: sitsd/startup.py).
 """
 from __future__ import annotations
 
 import queue
 import threading
 import time
+import weakref
 
 from ..errors import TpmError
 
 TPM_CALL_TIMEOUT_S = 5.0  # one TPM command (a discrete TPM: tens of ms; a quote well under 1 s)
-TPM_SETUP_TIMEOUT_S = 60.0  # opening the TPM and creating a key at first use (key generation can take seconds)
+TPM_OPEN_TIMEOUT_S = 10.0  # opening the ESAPI context through the TCTI (tpm-direct; swtpm ~0.5 ms, a device < 1 s)
+# loading a key, or creating it at first use (ECC P-256 primary: ms on swtpm, up to seconds on a discrete TPM);
+# tpm-session also opens the TPM under this bound. Each bound is well inside the unit's TimeoutStartSec=60s, and
+# sitsd extends the start timeout (EXTEND_TIMEOUT_USEC) while it waits on a TPM call (sitsd/startup.py)
+TPM_SETUP_TIMEOUT_S = 30.0
+
+_workers: "weakref.WeakSet[TpmWorker]" = weakref.WeakSet()  # every TpmWorker of this process (pending_calls)
+_workers_lock = threading.Lock()
+
+
+class TpmTimeout(TpmError):
+    """A TPM call that did not answer within its bound, or one not attempted behind such a call: the TPM (or its
+    resource manager, or swtpm) hangs or is overloaded. A TpmError, so existing handlers still catch it."""
+
+
+def timed_out(exc: BaseException | None) -> bool:
+    """Whether `exc` or anything it was raised from (__cause__ / __context__) is a TpmTimeout."""
+    seen = 0
+    while exc is not None and seen < 16:
+        if isinstance(exc, TpmTimeout):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def pending_calls() -> list[dict]:
+    """The TPM calls in progress in this process now, oldest first: where (the TCTI), what, `waited_s`, `bound_s`
+    (how long its caller waits) and `given_up` (a caller timed out on it). sitsd reports them while it starts
+    (what it waits for, STATUS= and EXTEND_TIMEOUT_USEC) and when it is stopped while starting."""
+    now = time.monotonic()
+    with _workers_lock:
+        workers = list(_workers)
+    calls = []
+    for w in workers:
+        busy = w._busy
+        if busy is not None:
+            calls.append({"where": w.where, "what": busy[0], "waited_s": now - busy[1], "bound_s": busy[2],
+                          "given_up": busy is w._stalled})
+    return sorted(calls, key=lambda c: -c["waited_s"])
 
 
 def call_timeout_s() -> float:
@@ -48,7 +89,7 @@ class TpmLock:
     def __enter__(self) -> "TpmLock":
         timeout_s = self.timeout_s
         if not self._lock.acquire(timeout=timeout_s):
-            raise TpmError(f"{self.what}: busy for more than {timeout_s:.0f} s (another TPM command has not "
+            raise TpmTimeout(f"{self.what}: busy for more than {timeout_s:.0f} s (another TPM command has not "
                            "returned: the TPM hangs or is overloaded)")
         return self
 
@@ -66,11 +107,13 @@ class TpmWorker:
     def __init__(self, where: str) -> None:
         self.where = where
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()  # the current thread's
-        self._busy: tuple[str, float] | None = None  # (what, since) of the call in progress
-        self._stalled: tuple[str, float] | None = None  # the `_busy` a caller timed out on (the TPM hangs)
+        self._busy: tuple[str, float, float] | None = None  # (what, since, the caller's bound) of the call running
+        self._stalled: tuple[str, float, float] | None = None  # the `_busy` a caller timed out on (the TPM hangs)
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self.timeouts = 0
+        with _workers_lock:
+            _workers.add(self)
 
     def call(self, what: str, fn, *args, timeout_s: float | None = None, **kwargs):
         if timeout_s is None:
@@ -78,9 +121,10 @@ class TpmWorker:
         busy = self._busy
         if busy is not None and (busy is self._stalled or time.monotonic() - busy[1] > timeout_s):
             # (a stable text: the loop alerts once a second per distinct error, so no elapsed time in it)
-            raise TpmError(f"TPM at {self.where!r} has not answered {busy[0]} within its bound (hung or overloaded); "
-                           f"{what} not attempted until it does")
-        job = [fn, args, kwargs, threading.Event(), None, None, False, what]  # ..., done, result, error, cancelled
+            raise TpmTimeout(f"TPM at {self.where!r} has not answered {busy[0]} within its bound (hung or overloaded); "
+                             f"{what} not attempted until it does")
+        # fn, args, kwargs, done, result, error, cancelled, what, the caller's bound
+        job = [fn, args, kwargs, threading.Event(), None, None, False, what, timeout_s]
         self._submit(job)
         if not job[3].wait(timeout_s):
             job[6] = True  # not started yet: never run it later (a late PCR extend would break the log)
@@ -89,8 +133,8 @@ class TpmWorker:
                 self.timeouts += 1
                 if busy is not None:
                     self._stalled = busy  # what runs now outlived a caller's bound: fail fast until it returns
-                raise TpmError(f"TPM at {self.where!r} did not answer {what} within {timeout_s:g} s "
-                               "(hung or overloaded)")
+                raise TpmTimeout(f"TPM at {self.where!r} did not answer {what} within {timeout_s:g} s "
+                                 "(hung or overloaded)")
         if job[5] is not None:
             raise job[5]
         return job[4]
@@ -109,10 +153,10 @@ class TpmWorker:
             job = jobs.get()
             if job is None:
                 return
-            fn, args, kwargs, done, _, _, cancelled, what = job
+            fn, args, kwargs, done, _, _, cancelled, what, bound = job
             if cancelled:
                 continue
-            self._busy = (what, time.monotonic())
+            self._busy = (what, time.monotonic(), bound)
             try:
                 job[4] = fn(*args, **kwargs)
             except BaseException as exc:  # handed to the caller, who waits for it

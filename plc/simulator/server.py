@@ -81,6 +81,14 @@ class SimulatorSettings:
     fault: str | None = None  # inject one fault: KIND@SECONDS[:SIGNAL][xMAGNITUDE] (plc/simulator/faults.py)
 
 
+# CredentialError codes that only a genuine credential reaches: its quote verified (trusted AK, this nonce, this
+# session key) and, for module and config, its log replayed to the quoted PCR 23, yet it says something runs that
+# this PLC does not accept: the open session ends with it (_on_credential_write). Not `measurement` nor the
+# certification codes: the log and the certification fields are outside the quote, so someone on the path could
+# alter them in a genuine credential to end the session.
+SESSION_ENDING_CODES = frozenset({"model", "module", "config", "unmeasured"})
+
+
 class RollingMillSimulator:
     def __init__(self, settings: SimulatorSettings, verifier: CommandVerifier | None,
                  params: MillParameters | None = None, session_acceptor: SessionAcceptor | None = None) -> None:
@@ -96,6 +104,8 @@ class RollingMillSimulator:
         self.session_nonces_issued = 1
         self.sessions_accepted = 0
         self.sessions_rejected = 0
+        self.sessions_ended = 0  # open sessions ended by a refused credential (_on_credential_write)
+        self.session_open = False
         dt = 1.0 / settings.rate_hz
         self.dt = dt
         self.publish_factor = 1  # frames per physics tick (set_publish_factor)
@@ -200,6 +210,13 @@ class RollingMillSimulator:
     def _no_session(_envelope: bytes):
         raise CommandRejected("no session: write a session credential to SessionCredential first", "key")
 
+    @staticmethod
+    def _refused_session(refusal: Exception):
+        def verify(_envelope: bytes):
+            raise CommandRejected(f"no session: the last session credential was refused ({refusal}); write one "
+                                  "this PLC accepts to SessionCredential", "key")
+        return verify
+
     def _read_nonce(self, _nodeid, _attr) -> ua.DataValue:
         now = datetime.now(timezone.utc)
         return ua.DataValue(ua.Variant(self.session_nonce, ua.VariantType.ByteString), SourceTimestamp=now,
@@ -208,7 +225,15 @@ class RollingMillSimulator:
     def _on_credential_write(self, node_data, attr, datavalue: ua.DataValue) -> None:
         """A session credential: the device's TPM quote binding a session key to this PLC's nonce. The nonce is
         used up by the write, accepted or refused: the next credential must be quoted against a fresh one (read
-        SessionNonce again), so a credential captured on the wire cannot be written again."""
+        SessionNonce again), so a credential captured on the wire cannot be written again.
+
+        A genuine credential refused for what it says runs (`SESSION_ENDING_CODES`: its quote by the trusted AK over
+        this nonce verified, its log replayed) also ends the current session: no command is accepted until a
+        credential is. The device re-binds after each measurement (a reload, a hot swap), so such a refusal says
+        that what runs now is not what this PLC accepts (its pins), and the earlier credential no longer describes
+        it. A forged, garbled, altered or replayed credential (another AK, another nonce, a bad quote, a log that
+        does not replay) is refused without ending the session: any client that can write the node (`security
+        none`) could write one."""
         payload = datavalue.Value.Value if datavalue.Value is not None else None
         if self.session_acceptor is None:
             raise ua.UaStatusCodeError(ua.StatusCodes.BadNotWritable)
@@ -218,12 +243,19 @@ class RollingMillSimulator:
         try:
             verifier = self.session_acceptor(bytes(payload or b""), nonce)
         except Exception as exc:  # the acceptor's error says why (quote, nonce, PCR, model)
-            self.sessions_rejected += 1
-            self.reject_reasons["session"] += 1
-            self.last_reject = f"session credential refused: {exc}"
+            with self._lock:
+                if getattr(exc, "code", None) in SESSION_ENDING_CODES:
+                    if self.session_open:
+                        self.sessions_ended += 1
+                    self.session_open = False
+                    self.verify = self._refused_session(exc)  # the session ends with the refusal (see above)
+                self.sessions_rejected += 1
+                self.reject_reasons["session"] += 1
+                self.last_reject = f"session credential refused: {exc}"
             raise ua.UaStatusCodeError(ua.StatusCodes.BadSecurityChecksFailed) from exc
         with self._lock:
             self.verify = verifier
+            self.session_open = True
             self.sessions_accepted += 1
         node_data.attributes[attr].value = datavalue
 
@@ -397,6 +429,8 @@ class RollingMillSimulator:
                 "clock_offset_ms": self.clock_offset_ns / 1e6,  # the injected clock jump (set_clock_offset_ms)
                 "sessions_accepted": self.sessions_accepted,
                 "sessions_rejected": self.sessions_rejected,
+                "sessions_ended": self.sessions_ended,
+                "session_open": self.session_open,
                 "session_nonces_issued": self.session_nonces_issued,
                 "compared_steps": self._err_steps,
                 "thickness_error_um": {"closed_loop": self._err_closed / n * 1000.0,

@@ -39,6 +39,7 @@ _ALERT_KINDS = {
     "model_swap": ("update", "update.model"),
     "rollback": ("update", "update.rollback"),
     "persisted_update": ("update", "update.persisted"),  # a persisted hot swap rejected at start (sitsd/persist.py)
+    "update_refused": ("update", "update.refused"),  # `sitsctl update` refused: nothing changed, the old version runs
     "tpm": ("signer", "signer.tpm"),
     "prover": ("runtime", "runtime.prover"),  # proofs stalled (sitsd/prover.py watch); commands go on unproven
 }

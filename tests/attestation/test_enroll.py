@@ -218,7 +218,7 @@ def sitsctl(tcti: str | None, *args, cwd: Path = REPO) -> subprocess.CompletedPr
                           capture_output=True, text=True, timeout=120)
 
 
-def round_trip(tcti: str, d: Path, *request_args, challenge_args=()) -> dict:
+def round_trip(tcti: str, d: Path, *request_args, challenge_args=("--trust-unverified-ek",), verify_args=()) -> dict:
     r = sitsctl(tcti, "-o", d / "request.json", *request_args)
     assert r.returncode == 0, r.stderr
     r = sitsctl(None, "--challenge", d / "request.json", "-o", d / "challenge.json", "--pending",
@@ -228,7 +228,8 @@ def round_trip(tcti: str, d: Path, *request_args, challenge_args=()) -> dict:
     assert json.loads((d / "pending.json").read_text())["secret"] not in (d / "challenge.json").read_text()
     r = sitsctl(tcti, "--activate", d / "challenge.json", "-o", d / "response.json")
     assert r.returncode == 0, r.stderr
-    r = sitsctl(None, "--verify", d / "response.json", "--pending", d / "pending.json", "-o", d / "record.json")
+    r = sitsctl(None, "--verify", d / "response.json", "--pending", d / "pending.json", "-o", d / "record.json",
+                *verify_args)
     assert r.returncode == 0, r.stderr
     assert "OK: AK" in r.stderr
     return json.loads((d / "record.json").read_text())
@@ -238,7 +239,10 @@ def test_sitsctl_enroll_round_trip_and_the_record_verifies_quotes(swtpm, tmp_pat
     started = time.perf_counter()
     record = round_trip(swtpm.tcti, tmp_path)
     print(f"sitsctl enroll round trip (4 processes): {time.perf_counter() - started:.2f} s")
-    assert record["format"] == "sits-enroll-record/1" and record["ek_trust"] == "none"
+    assert record["format"] == "sits-enroll-record/2" and record["ek_trust"] == "none"
+    assert record["activation"]["method"] == "TPM2_ActivateCredential"
+    assert record["activation"]["ak_name"] == record["ak_name"] and "signature" not in record
+    assert E.load_enrollment(tmp_path / "record.json").ak_name == record["ak_name"]  # what the PLC side checks
     assert record["ek_certificate_sha256"] is None and record["ak_handle"] == "0x81000002"
     assert not (tmp_path / "pending.json").exists()  # one challenge, one answer
     t = _tss()
@@ -299,7 +303,8 @@ def test_sitsctl_enroll_refusals_say_why(swtpm, tmp_path):
     r = sitsctl(None, "--challenge", d / "request.json", "--pending", d / "p.json", "--expect-ek", d / "other.pem")
     assert r.returncode == 1 and "not the one in --expect-ek" in r.stderr, r.stderr
     # a good challenge, then a tampered one at the device: the TPM refuses it
-    r = sitsctl(None, "--challenge", d / "request.json", "-o", d / "challenge.json", "--pending", d / "p.json")
+    r = sitsctl(None, "--challenge", d / "request.json", "-o", d / "challenge.json", "--pending", d / "p.json",
+                "--trust-unverified-ek")
     assert r.returncode == 0, r.stderr
     challenge = json.loads((d / "challenge.json").read_text())
     blob = bytearray(base64.b64decode(challenge["credential_blob"]))
@@ -331,6 +336,28 @@ def test_sitsctl_enroll_refusals_say_why(swtpm, tmp_path):
     # after all the refusals, the right response still verifies
     r = sitsctl(None, "--verify", d / "response.json", "--pending", d / "p.json", "-o", d / "record.json")
     assert r.returncode == 0, r.stderr
+
+
+def test_sitsctl_enroll_refuses_an_unverified_ek_by_default(swtpm, tmp_path):
+    """swtpm has no EK certificate: without --ek-ca / --expect-ek the challenge is refused (exit 1) and says how
+    to proceed; --trust-unverified-ek enrolls it, recorded as ek_trust none; --expect-ek pins it."""
+    from cryptography.hazmat.primitives import serialization
+
+    d = tmp_path
+    assert sitsctl(swtpm.tcti, "-o", d / "request.json").returncode == 0
+    r = sitsctl(None, "--challenge", d / "request.json", "-o", d / "challenge.json", "--pending", d / "p.json")
+    assert r.returncode == 1 and "REFUSED: nothing vouches for this device's EK" in r.stderr, r.stderr
+    assert "no EK certificate" in r.stderr and "--trust-unverified-ek" in r.stderr and "--expect-ek" in r.stderr
+    ek = E.parse_public(base64.b64decode(json.loads((d / "request.json").read_text())["ek_public"]))
+    assert __import__("hashlib").sha256(ek.public_key_der()).hexdigest() in r.stderr  # to compare out of band
+    assert not (d / "p.json").exists() and not (d / "challenge.json").exists()
+    r = sitsctl(None, "--challenge", d / "request.json", "-o", d / "challenge.json", "--pending", d / "p.json",
+                "--trust-unverified-ek")
+    assert r.returncode == 0 and "EK trust: none" in r.stderr, r.stderr
+    (d / "ek.pem").write_bytes(ek.public_key_pem())
+    r = sitsctl(None, "--challenge", d / "request.json", "-o", d / "challenge.json", "--pending", d / "p.json",
+                "--expect-ek", d / "ek.pem")
+    assert r.returncode == 0 and "EK trust: pinned" in r.stderr, r.stderr
 
 
 # --- an swtpm with an EK certificate (swtpm_setup --create-ek-cert, local CA) -------------------
@@ -381,6 +408,11 @@ def test_ek_certificate_chain_checked_by_the_verifier(provisioned_swtpm, tmp_pat
         assert bytes(pub.publicArea.marshal()) == base64.b64decode(request["ek_public"])
     finally:
         e.close()
+    # a certificate nobody checked: refused by default, enrolled as certificate-unchecked only when asked to
+    r = sitsctl(None, "--challenge", d / "request.json", "--pending", d / "p.json")
+    assert r.returncode == 1 and "carries an EK certificate, but no --ek-ca was given" in r.stderr, r.stderr
+    r = sitsctl(None, "--challenge", d / "request.json", "--pending", d / "p.json", "--trust-unverified-ek")
+    assert r.returncode == 0 and "EK trust: certificate-unchecked" in r.stderr, r.stderr
     # a CA that did not issue it (the root signs the local CA, not EK certificates)
     r = sitsctl(None, "--challenge", d / "request.json", "--pending", d / "p.json",
                 "--ek-ca", ca / "swtpm-localca-rootca-cert.pem")

@@ -212,6 +212,46 @@ def test_a_verifier_pinned_to_an_approval_accepts_only_certifications_under_it(s
         signer.close()
 
 
+def test_a_certified_credential_also_carries_the_measurement_log_and_the_config_measured_after_it(swtpm, authority):
+    """certify_session certifies model and modules; the config, measured after the certification, is proven by the
+    version 2 credential's PCR 23 log (keys 13..15 next to the certification's 10..12)."""
+    import cbor2
+
+    from attestation.measurement import MeasurementLog
+
+    config = hashlib.sha256(b"config bytes").hexdigest()
+    approval = approve(authority, 23, APPROVED)
+    signer = TpmSessionSigner(swtpm.tcti)
+    try:
+        signer.measure_model(MODEL)
+        tpm = TpmPcr(signer._open_esapi, 23, signer._lock)
+        tpm.reset()
+        log = MeasurementLog(None, 23, tpm)
+        for e in APPROVED:
+            log.record(*e)
+        cert = signer.certify(approval, authority.public_key())
+        log.record("config", "rolling-mill.yaml", config)
+        nonce = os.urandom(32)
+        cred = signer.bind(nonce, log)
+        data = cred.to_cbor()
+        assert sorted(cbor2.loads(data)) == list(range(1, 16)) and cbor2.loads(data)[1] == 2
+        assert SessionCredential.from_cbor(data) == cred
+        session = SessionVerifier(signer.device_public_key_pem(), MODEL,
+                                  trusted_device_key_pem=cert.device_public_pem, approval=approval, authority=authority.public_key(),
+                                  expected_modules={"pre": APPROVED[1][2]}, expected_config_sha256=config
+                                  ).accept(data, nonce)
+        assert session.measured.config == ("rolling-mill.yaml", config)
+        assert session.measured.modules == {"pre": ("pre_filter", APPROVED[1][2])}
+        nonce = os.urandom(32)
+        data = signer.bind(nonce, log).to_cbor()
+        err = rejected(SessionVerifier(signer.device_public_key_pem(), MODEL,
+                                       trusted_device_key_pem=cert.device_public_pem,
+                                       expected_config_sha256=hashlib.sha256(b"other").hexdigest()), data, nonce)
+        assert err.code == "config"
+    finally:
+        signer.close()
+
+
 def test_verifier_arguments_are_checked():
     ak = public_pem(ec.generate_private_key(ec.SECP256R1()).public_key())
     with pytest.raises(ValueError, match="needs trusted_device_key_pem"):

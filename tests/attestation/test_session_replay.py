@@ -213,6 +213,9 @@ def test_plc_simulator_consumes_the_nonce_and_keeps_replay_protection(swtpm, tmp
     assert seen["new_key_102"] and not seen["new_key_101"]
     stats = seen["stats"]
     assert stats["sessions_accepted"] == 3 and stats["sessions_rejected"] == 3
+    # forged, replayed and garbled credentials (another nonce, a retired key, not CBOR) leave the open session
+    # running: anyone who can write the node could write one (only an authentic refusal ends it)
+    assert stats["sessions_ended"] == 0 and stats["session_open"] is True
     assert stats["session_nonces_issued"] == 1 + 6  # one at start, one per credential write
     assert stats["accepted"] == 3 and stats["reject_reasons"]["replay"] == 2
 

@@ -147,3 +147,49 @@ def test_a_config_that_is_not_utf8_is_a_config_error_with_its_line(tmp_path):
         load_config(bad)
     line = EXAMPLE_CONFIG.read_bytes().split(b"line:", 1)[0].count(b"\n") + 1
     assert f"{bad}:{line}: not UTF-8 text (byte 0xe9" in str(err.value)
+
+
+def test_enrollment_authority_is_a_p256_public_key_outside_the_audit_directory(tmp_path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+    def pem(key) -> bytes:
+        return key.public_key().public_bytes(serialization.Encoding.PEM,
+                                             serialization.PublicFormat.SubjectPublicKeyInfo)
+
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "enroller.pub.pem").write_bytes(pem(ec.generate_private_key(ec.SECP256R1())))
+    (keys / "p384.pub.pem").write_bytes(pem(ec.generate_private_key(ec.SECP384R1())))
+    (keys / "rsa.pub.pem").write_bytes(pem(rsa.generate_private_key(public_exponent=65537, key_size=2048)))
+    (keys / "junk.pem").write_text("not a key\n")
+    audit = tmp_path / "audit"
+    audit.mkdir()
+    (audit / "enroller.pub.pem").write_bytes((keys / "enroller.pub.pem").read_bytes())
+
+    assert load_config(EXAMPLE_CONFIG).attestation.enrollment_authority is None  # optional, off by default
+    # relative to the config's directory, like every path in it
+    cfg = load_config(_write(tmp_path, lambda d: d["attestation"].update(enrollment_authority="keys/enroller.pub.pem")))
+    assert cfg.attestation.enrollment_authority == keys / "enroller.pub.pem"
+
+    for value, reason in (
+            ("keys/missing.pem", "does not exist (the enrolling verifier's public key"),
+            ("keys/junk.pem", "is not a PEM public key"),
+            ("keys/rsa.pub.pem", "is not an ECDSA P-256 public key"),
+            ("keys/p384.pub.pem", "is not an ECDSA P-256 public key"),
+            (str(audit / "enroller.pub.pem"), "is inside audit.directory")):
+        path = _write(tmp_path, lambda d: (d["attestation"].update(enrollment_authority=value),
+                                           d["audit"].update(directory=str(audit))))
+        with pytest.raises(ConfigError) as exc:
+            load_config(path)
+        assert [p[0] for p in exc.value.problems] == ["attestation.enrollment_authority"], str(exc.value)
+        assert reason in str(exc.value), str(exc.value)
+        line = next(i for i, l in enumerate(path.read_text().splitlines(), 1) if "enrollment_authority" in l)
+        assert f"{path}:{line}: attestation.enrollment_authority: " in str(exc.value)
+
+    def software(d):
+        d["attestation"].update(mode="software", enrollment_authority="keys/enroller.pub.pem")
+        d["audit"]["anchor"] = "off"
+    with pytest.raises(ConfigError, match="enrollment_authority checks the record that pins the TPM's attestation "
+                                          "key .AK.: it needs mode tpm2"):
+        load_config(_write(tmp_path, software))

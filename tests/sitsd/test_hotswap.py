@@ -399,6 +399,35 @@ def test_a_swap_is_measured_before_it_runs_and_a_failed_measurement_changes_noth
     assert kind == "rollback" and "measuring it failed" in text and "MeasurementError" in text
 
 
+def test_a_refused_update_leaves_the_per_component_rollback_target(host, tmp_path):
+    """`sitsctl rollback --module/--model` after a refused update still goes back to the version the last
+    update that ran replaced, not to the one running (the refused update never ran)."""
+    from attestation.measurement import MeasurementError
+
+    loop, sent, _ = build()
+    hs = with_modules(loop, host)
+    first_post = loop.stage_set.post
+    v2, v3 = module_versions(tmp_path, "post_command", versions=(2, 3))
+    hs.measure = lambda *event: None
+    hs.update_module(v2)
+    running_v2 = loop.stage_set.post
+
+    def measure_fails(kind, name, sha):
+        raise MeasurementError("PCR 23 is not the replay of the measurement log")
+
+    hs.measure = measure_fails
+    with pytest.raises(SwapRefused, match="could not measure module:post"):
+        hs.update_module(v3)
+    with pytest.raises(SwapRefused, match="could not measure model"):
+        hs.update_model(model_variant(tmp_path / "m2.onnx"))
+    assert loop.stage_set.post is running_v2
+    with pytest.raises(SwapRefused, match="nothing to roll back for 'model'"):
+        hs.rollback("model")
+    hs.measure = lambda *event: None
+    out = hs.rollback("post_command")
+    assert out["action"] == "rollback" and loop.stage_set.post is first_post
+
+
 def test_a_plc_refusing_the_commands_after_a_swap_rolls_it_back(host, tmp_path):
     """The health watch counts the PLC's refusals (e.g. a PLC that pins the old model's hash), not only the
     loop's own fail-safes; and it never waits for an update that is still preparing."""
@@ -472,3 +501,68 @@ def test_a_signed_wat_replaced_after_its_signature_check_is_refused(host, tmp_pa
         "(global $version i32 (i32.const 1))", "(global $version i32 (i32.const 2))").encode())
     assert hashlib.sha256(v2.read_bytes()).hexdigest() == checked
     assert hs.update_module(v2)["component"] == "module:post"  # the bytes that were checked load
+
+
+class _Daemon:
+    """What the control handlers use of a Daemon; `_alert` is the daemon's own (the tuple its housekeeping drains)."""
+
+    def __init__(self, hs, loop) -> None:
+        from types import SimpleNamespace
+
+        self.hotswap, self.loop, self.alerts, self.measurements = hs, loop, loop.alerts, None
+        self.log = SimpleNamespace(info=lambda *a, **k: None, warning=lambda *a, **k: None,
+                                   error=lambda *a, **k: None)
+
+    def _alert(self, kind, reason, item=None):
+        from sitsd.daemon import Daemon
+
+        Daemon._alert(self, kind, reason, item)
+
+
+def test_a_refused_update_raises_one_update_refused_alert_and_the_old_version_keeps_running(host, tmp_path):
+    import asyncio
+
+    from sitsd.hotswap import control_handlers
+    from sitsd.rca.events import event_from_alert
+    from sitsd.signatures import SignaturePolicy
+
+    loop, sent, _ = build()
+    hs = with_modules(loop, host)
+    handlers = control_handlers(_Daemon(hs, loop))
+    first = loop.stage_set
+
+    def refused():
+        return [a for a in loop.alerts if a[1] == "update_refused"]
+
+    v1, v2 = module_versions(tmp_path, "post_command")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    shutil.copy(v1, bad / "post_command.wat")
+    (bad / "post_command.golden.json").write_text(json.dumps({"steps": [{"in": [0.5], "out": [0.7]}]}))
+    answer = asyncio.run(handlers["update"]({"module": str(bad / "post_command.wat")}))
+    assert answer["ok"] is False and "golden step" in answer["error"]
+    (alert,) = refused()
+    assert alert[2].startswith("module post_command.wat: refused, the running version stays:") and "golden" in alert[2]
+    assert loop.stage_set is first and hs.history == []
+    loop.step(frame(1))  # the loop runs on the old set
+    assert first.frames == 1 and len(sent) == 1 and not sent[0].failsafe
+
+    hs.signatures = SignaturePolicy("modules", REPO / "examples" / "approval" / "authority.pub.pem")
+    answer = asyncio.run(handlers["update"]({"module": str(v2)}))  # unsigned
+    assert answer["ok"] is False and "signature check failed" in answer["error"]
+    assert len(refused()) == 2 and "signature check failed" in refused()[-1][2] and loop.stage_set is first
+    hs.signatures = None
+
+    answer = asyncio.run(handlers["update"]({"model": str(DEMO_MODEL), "sha256": "0" * 64}))
+    assert answer["ok"] is False and len(refused()) == 3 and refused()[-1][2].startswith("model rolling_mill")
+    assert "\n" not in refused()[-1][2]
+
+    # a refused rollback is no refused update; an update that goes through raises none
+    assert asyncio.run(handlers["rollback"]({"model": True}))["ok"] is False
+    assert asyncio.run(handlers["update"]({"module": str(v2)}))["updated"] and loop.stage_set is not first
+    assert len(refused()) == 3
+    loop.step(frame(2))
+    assert loop.stage_set.frames == 1 and first.frames == 1
+    # fault attribution reads it as an update event; nothing about it is critical
+    event = event_from_alert(*refused()[0])
+    assert (event.source, event.code, event.severity) == ("update", "update.refused", "warning")
