@@ -82,18 +82,24 @@ def measure(esapi, *, pcr: int, events: Sequence[tuple[str, str, str]], approval
         for e in approved:
             log.record(*e)
         approved_value = log.value
+        step = "the device key signing the deploy challenge (PolicyAuthorize, TPM2_Sign)"
         t0 = time.perf_counter_ns()
         device_sig = policy_sign(esapi, key, approval, authority, challenge(nonce, approved_value))
         policy_sign_ms = (time.perf_counter_ns() - t0) / 1e6
+        step = f"measuring into PCR {pcr}"
         for e in site:
             log.record(*e)
         log.record("approval", approval_name, approval_sha256)
         step = "TPM2_Quote"
         q = quote(esapi, ak, [pcr], nonce)
+        step = "reading the EK certificates and public keys"
         ek = read_ek_certificates(esapi)
         device_pem, ak_pem = key_public_pem(esapi, key), ak_public_pem(esapi, ak)
     except t.TSS2_Exception as exc:
         raise DeployError(f"TPM: {step} failed: {exc}", "tpm") from exc
+    except AttestationError as exc:  # a bounded TPM call that timed out (TpmTimeout), a failed PCR extend
+        exc.step = f"sitsctl deploy ({step})"  # the step in progress, for the caller's message
+        raise
     return {
         "format": RECORD_FORMAT, "version": 1, "mode": "tpm2", "created_ns": time.time_ns(),
         "device_id": f"TPM2:0x{device_key_handle:08x}", "device_key_handle": device_key_handle, "ak_handle": ak_handle,

@@ -267,12 +267,7 @@ class MeasurementLog:
             self.compaction_error = f"cannot read {self.path} or write its archive: {exc}"
             raise MeasurementError(f"compacting the measurement log: {self.compaction_error}") from None
         state = measured_state((e.kind, e.name, e.sha256) for e in self.events)
-        entries = [(COMPACTED_KIND, archive.name, hashlib.sha256(data).hexdigest())]
-        if state.model is not None:
-            entries.append(("model", *state.model))
-        entries += [(f"{MODULE_KIND}{stage}", *m) for stage, m in state.modules.items()]
-        if state.config is not None:
-            entries.append(("config", *state.config))
+        entries = [(COMPACTED_KIND, archive.name, hashlib.sha256(data).hexdigest()), *carried_entries(state)]
         digests = [event_digest(*e) for e in entries]
         initial = ZERO
         if self.tpm is not None:  # from the reset on, the PCR no longer holds what the old log explains
@@ -494,12 +489,26 @@ def measured_state(entries: Iterable[tuple[str, str, str]]) -> MeasuredState:
     return MeasuredState(model, modules, config)
 
 
+def carried_entries(state: MeasuredState) -> list[tuple[str, str, str]]:
+    """The events a compaction measures after its `compacted` event, for the state the old log says runs: the newest
+    `model`, each `module:<stage>` (in the order measured_state found the stages), the newest `config`. A verifier of
+    an archive chain (sitsctl measurements verify) compares them with the compacted log's events 1, 2, ..."""
+    entries = []
+    if state.model is not None:
+        entries.append(("model", *state.model))
+    entries += [(f"{MODULE_KIND}{stage}", *m) for stage, m in state.modules.items()]
+    if state.config is not None:
+        entries.append(("config", *state.config))
+    return entries
+
+
 def replay_file(path: Path) -> bytes:
     header, events = read_log(path)
     return replay(events, bytes.fromhex(header["initial"]))
 
 
 __all__ = ["COMPACTED_KIND", "COMPACT_AT_BYTES", "COMPACT_AT_EVENTS", "CONFIG_KINDS", "DEFAULT_PCR", "MAX_KIND_BYTES",
-           "MAX_NAME_BYTES", "MIN_COMPACT_AT", "MODEL_KINDS", "check_entry", "MeasuredState", "MeasurementError",
+           "MAX_NAME_BYTES", "MIN_COMPACT_AT", "MODEL_KINDS", "carried_entries", "check_entry", "MeasuredState",
+           "MeasurementError",
            "MeasurementEvent", "MeasurementLog", "TpmPcr",
            "entry_bytes", "event_digest", "measured_state", "read_log", "replay", "replay_entries", "replay_file"]

@@ -724,6 +724,13 @@ def _pem_of(public) -> bytes:
 # --- the PLC side ----------------------------------------------------------------------------
 
 MAX_REMEMBERED_SESSIONS = 1024  # session key ids and consumed nonces a SessionReplayState keeps (oldest dropped)
+# CredentialError codes that only a genuine credential reaches: its quote verified (trusted AK, this nonce, this
+# session key) and, for module and config, its log replayed to the quoted PCR 23, yet it says something runs that
+# the PLC does not accept. A PLC gateway ends the open session on these (SessionReplayState.end_current_session):
+# the device re-binds after each measurement, so the earlier credential no longer says what runs. Not `measurement`
+# nor the certification codes: the log and the certification fields are outside the quote, so someone on the path
+# could alter them in a genuine credential to end the session.
+SESSION_ENDING_CODES = frozenset({"model", "module", "config", "unmeasured"})
 
 
 class SessionReplayState:
@@ -750,6 +757,7 @@ class SessionReplayState:
         self.sequence_high_water = -1
         self.current_key_id: bytes | None = None
         self.generation = 0  # bumped by every accept: only the newest session's commands are accepted
+        self.ended: tuple[int, str] | None = None  # (generation, why) of the session end_current_session ended
         self._retired: OrderedDict[bytes, None] = OrderedDict()
         self._nonces: OrderedDict[bytes, None] = OrderedDict()
 
@@ -765,6 +773,18 @@ class SessionReplayState:
         self._remember(self._nonces, nonce)
         self.generation += 1
         return self.generation
+
+    def end_current_session(self, reason: str = "ended by the PLC") -> bool:
+        """End the currently accepted session: its verifier refuses every further command (`ended`) until a new
+        credential is accepted. For a gateway that refuses a genuine re-bind (`SESSION_ENDING_CODES`). The session
+        key stays current (not retired): the device may bind it again, with a fresh nonce, once what runs is
+        accepted. Returns whether a session was open."""
+        with self.lock:
+            if self.current_key_id is None or (self.ended is not None and self.ended[0] + 1 == self.generation):
+                return False
+            self.ended = (self.generation, reason)
+            self.generation += 1
+            return True
 
     def _remember(self, seen: OrderedDict, item: bytes) -> None:
         seen[item] = None
@@ -904,6 +924,11 @@ class SessionVerifier:
         """The highest command sequence any session of this verifier accepted (-1: none yet)."""
         return self.replay_state.sequence_high_water
 
+    def end_current_session(self, reason: str = "ended by the PLC") -> bool:
+        """SessionReplayState.end_current_session of this verifier's state: the accepted session refuses every
+        further command (`ended`)."""
+        return self.replay_state.end_current_session(reason)
+
     def _check_measurements(self, cred: SessionCredential) -> MeasuredState | None:
         """The measurement PCR's log against its quoted value, the model it says runs, and the pins."""
         if cred.measurement_pcr is None:
@@ -994,6 +1019,9 @@ class SessionEnvelopeVerifier(EnvelopeVerifier):
             return super().verify(data)
         with state.lock:
             if self._generation != state.generation:
+                if state.ended is not None and state.ended[0] == self._generation:
+                    raise EnvelopeError(f"session of key {self.key_id.hex()} was ended ({state.ended[1]}): no command "
+                                        "is accepted until a new session credential is", "ended")
                 raise EnvelopeError(f"session of key {self.key_id.hex()} is over: a later session credential was "
                                     "accepted, commands go through that session's verifier", "superseded")
             floor = state.sequence_high_water

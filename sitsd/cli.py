@@ -26,6 +26,7 @@ EPILOG = """examples:
   sitsctl diagnose --config rolling-mill.yaml --format png --output cause.png   ranked root cause
   sitsctl audit verify /var/lib/sitsd/audit     the hash chain; exit 1 names the first bad record
   sitsctl audit verify /var/lib/sitsd/audit --tpm   ... and the TPM anchor counter: a cut of the newest records
+  sitsctl measurements verify /var/lib/sitsd/audit   the PCR 23 log and its archives; exit 1 names file and event
   sitsctl verify-proof proof.json --vk vk.json --public public.json   exit 0 only for a valid proof
   sitsctl sign --authority-key authority.key.pem pre_filter.wat rolling-mill.yaml   writes FILE.sig (offline)
   sitsctl verify-signature --authority-pub authority.pub.pem pre_filter.wat
@@ -120,6 +121,9 @@ def _cmd_status(args) -> int:
               f"log {mlog['events']} events (PCR {mlog['pcr']}), compacted {link.get('compactions', 0)}x"
               + (f" at {mlog['compact_at']}" if mlog.get("compact_at") else "")
               + (f"; COMPACTION FAILED ({mlog['compaction_error']})" if mlog.get("compaction_error") else ""))
+    if answer.get("session_credential"):
+        print(f"  session credential {answer['session_credential']}"
+              + ("; the PLC HOLDS A STALE CREDENTIAL (re-binding)" if link.get("credential_stale") else ""))
     print(f"  frames {c['frames']}  commands {c['commands']}  dropped {c['dropped']}  fail-safe {c['failsafe']}  "
           f"deadline missed {c['deadline_missed']}  expired {c['expired']}  write errors {c['write_errors']}")
     print(f"  latency p50 {lat['p50'] / 1000:.2f} ms  p99 {lat['p99'] / 1000:.2f} ms  max {lat['max'] / 1000:.2f} ms")
@@ -585,6 +589,7 @@ def build_parser() -> argparse.ArgumentParser:
     __import__("sitsd.cli_deploy").cli_deploy.register(sub)  # sitsctl deploy, sitsctl policy keygen / approve
     __import__("sitsd.cli_sign").cli_sign.register(sub)  # sitsctl sign / verify-signature (detached signatures)
     __import__("sitsd.cli_enroll").cli_enroll.register(sub)  # sitsctl enroll (AK enrollment, docs/enroll.md)
+    __import__("sitsd.cli_measurements").cli_measurements.register(sub)  # sitsctl measurements verify (PCR 23 log)
     sub.add_parser("plcsim", help="run the rolling-mill PLC simulator (see sitsctl plcsim --help)",
                    add_help=False)
     sub.add_parser("compile", help="compile an ONNX model into a verified artifact: graph passes, FP8/int8 "

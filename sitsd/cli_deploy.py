@@ -290,23 +290,28 @@ def _problem(exc) -> str:
 
 
 def _measure_tpm(cfg, events, approval, authority, approval_sha, approval_path, nonce, log_path, measure) -> dict:
-    from attestation.tpm.signer import _tss
+    from attestation.errors import AttestationError
+
+    from .cli_enroll import bounded_tpm, hang_message
 
     a = cfg.attestation
     if not a.tcti:
         raise Fail("attestation mode tpm2 needs a TCTI: --tcti, SITS_TCTI or attestation.tcti")
-    t = _tss()
+    step = "sitsctl deploy (measuring the deployment in the TPM)"
+    # every TPM call bounded (attestation.tpm.worker): a hung TPM is a [FAIL] naming the step and the TCTI, and
+    # nothing is staged; Ctrl-C interrupts the wait
     try:
-        esapi = t.ESAPI(a.tcti)
-    except Exception as exc:
-        raise Fail(f"TPM: cannot open TCTI {a.tcti!r}: {_first_line(exc)}") from None
-    try:
-        return measure(esapi, pcr=a.measurement_pcr, events=events, approval=approval, authority=authority,
-                       approval_sha256=approval_sha, approval_name=approval_path.name,
-                       device_key_handle=a.device_key_handle,
-                       ak_handle=a.ak_handle, nonce=nonce, log_path=log_path)
-    finally:
-        esapi.close()
+        with bounded_tpm(a.tcti, step, fail=lambda reason: Fail(f"TPM: {reason.removeprefix('TPM: ')}"),
+                         open_prefix="cannot open TCTI") as esapi:
+            return measure(esapi, pcr=a.measurement_pcr, events=events, approval=approval, authority=authority,
+                           approval_sha256=approval_sha, approval_name=approval_path.name,
+                           device_key_handle=a.device_key_handle,
+                           ak_handle=a.ak_handle, nonce=nonce, log_path=log_path)
+    except AttestationError as exc:  # DeployError and PolicyError included: a hang is named as one
+        hung = hang_message(getattr(exc, "step", None) or step, a.tcti, exc)
+        if hung is None:
+            raise
+        raise Fail(f"TPM: {hung}") from None
 
 
 def _enrollment(args, cfg, mode):

@@ -18,6 +18,7 @@ import json
 import os
 import secrets
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 REQUEST, CHALLENGE, PENDING, RESPONSE = (f"sits-enroll-{k}/1" for k in ("request", "challenge", "pending", "response"))
@@ -93,14 +94,53 @@ def _tpm_target(args) -> tuple[str, int]:
     return tcti, AK_HANDLE if ak_handle is None else ak_handle
 
 
-def _open_tpm(tcti: str):
+HANG_FIX = ("it accepted the connection and then did not answer (hung or overloaded): a device: `dmesg | grep -i "
+            "tpm`, another client holding it; tpm2-abrmd: `systemctl status tpm2-abrmd`; swtpm: is it running and not "
+            "stopped (state T in `ps -o stat`)? Restart it and run the command again")
+
+
+@contextmanager
+def bounded_tpm(tcti: str, step: str, fail=None, open_hint: str = "", open_prefix: str = "cannot open the TPM through TCTI"):
+    """The TPM at `tcti` for one CLI step (`sitsctl enroll`, `sitsctl deploy`), every TPM call bounded: opening by
+    attestation.tpm.worker.TPM_OPEN_TIMEOUT_S, each call after by TPM_SETUP_TIMEOUT_S (creating a key on a discrete
+    TPM may take seconds), both read at call time. The calls run on a TpmWorker thread, so a hung TPM costs `fail`
+    (default Fail) naming `step` and the TCTI instead of a CLI blocked forever, and Ctrl-C interrupts the wait.
+    Yields an attestation.tpm.worker.BoundedEsapi; a call that times out raises TpmTimeout (a TpmError) from it,
+    which the caller turns into its message (`hang_message`). The context is closed when no call is stuck."""
+    from attestation.tpm import worker as W
     from attestation.tpm.signer import _tss
 
+    fail = fail or Fail
+    worker = W.TpmWorker(tcti)
     try:
-        return _tss().ESAPI(tcti)
-    except Exception as exc:
-        raise Fail(f"cannot open the TPM through TCTI {tcti!r}: {str(exc).strip() or type(exc).__name__} "
-                   "(with swtpm, stop sitsd first: it holds the only connection)") from None
+        esapi = worker.call("opening the TPM", _tss().ESAPI, tcti, timeout_s=W.TPM_OPEN_TIMEOUT_S)
+    except W.TpmTimeout as exc:
+        worker.stop()
+        raise fail(f"{step}: the TPM behind TCTI {tcti!r} did not answer opening it within "
+                   f"{W.TPM_OPEN_TIMEOUT_S:g} s: {HANG_FIX}") from exc
+    except BaseException as exc:
+        worker.stop()
+        if not isinstance(exc, Exception):
+            raise  # Ctrl-C
+        raise fail(f"{open_prefix} {tcti!r}: {' '.join(str(exc).split()) or type(exc).__name__}"
+                   f"{open_hint}") from None
+    try:
+        yield W.BoundedEsapi(worker, esapi, timeout_s=W.TPM_SETUP_TIMEOUT_S)
+    finally:
+        worker.abandon(esapi)  # closed on its thread unless a call is stuck there (then left to the exit)
+
+
+def hang_message(step: str, tcti: str, exc: BaseException) -> str | None:
+    """The message for a TPM call of `step` that outlived its bound (a TpmTimeout in `exc`'s chain), else None."""
+    from attestation.tpm.worker import timed_out
+
+    if not timed_out(exc):
+        return None
+    return f"{step}: the TPM behind TCTI {tcti!r} did not answer: {str(exc).strip()}; {HANG_FIX}"
+
+
+def _open_tpm(tcti: str, step: str):
+    return bounded_tpm(tcti, step, open_hint=" (with swtpm, stop sitsd first: it holds the only connection)")
 
 
 def _tss_exception():
@@ -118,18 +158,17 @@ def _cmd_request(args) -> dict:
     from attestation.tpm.quote import load_or_create_ak
 
     tcti, ak_handle = _tpm_target(args)
-    esapi = _open_tpm(tcti)
+    step = "sitsctl enroll (request: reading the AK and EK)"
     try:
-        ak, created = load_or_create_ak(esapi, ak_handle)
-        ak_public = E.read_public(esapi, ak)
-        with E.open_ek(esapi, args.ek) as (_ek, ek_public):
-            pass
-        wanted = f"0x{E.EK_CERT_INDEX[args.ek]:08x}"
-        certs = [c for c in read_ek_certificates(esapi) if c["index"] == wanted and c.get("der")]
+        with _open_tpm(tcti, step) as esapi:
+            ak, created = load_or_create_ak(esapi, ak_handle)
+            ak_public = E.read_public(esapi, ak)
+            with E.open_ek(esapi, args.ek) as (_ek, ek_public):
+                pass
+            wanted = f"0x{E.EK_CERT_INDEX[args.ek]:08x}"
+            certs = [c for c in read_ek_certificates(esapi) if c["index"] == wanted and c.get("der")]
     except (TpmError, _tss_exception()) as exc:
-        raise Fail(f"TPM at {tcti!r}: {exc}") from None
-    finally:
-        esapi.close()
+        raise Fail(hang_message(step, tcti, exc) or f"TPM at {tcti!r}: {exc}") from None
     cert = E._trim_der(certs[0]["der"]) if certs else None
     print(f"sitsctl enroll: AK 0x{ak_handle:08x} ({'created now' if created else 'existing'}), {args.ek.upper()} EK, "
           f"EK certificate: {'yes' if cert else 'none in NV ' + wanted}", file=sys.stderr)
@@ -267,22 +306,21 @@ def _cmd_activate(args) -> dict:
             ak_handle = int(str(ch["ak_handle"]), 0)
         except ValueError:
             raise Fail(f"{args.activate}: ak_handle {ch['ak_handle']!r} is not a handle like 0x81000002") from None
-    esapi = _open_tpm(tcti)
+    step = "sitsctl enroll --activate (TPM2_ActivateCredential)"
     try:
-        ak, _ = load_or_create_ak(esapi, ak_handle)
-        name = E.object_name(E.read_public(esapi, ak))
-        if ch.get("ak_name") and ch["ak_name"] != name.hex():
-            raise Refused(f"the challenge was made for AK name {ch['ak_name']}, but the AK at 0x{ak_handle:08x} in "
-                          f"this TPM has name {name.hex()}: the AK changed since `sitsctl enroll` (or this is another "
-                          "device); run `sitsctl enroll` again and send the new request to the verifier")
-        with E.open_ek(esapi, ch["ek_kind"]) as (ek, _):
-            secret = E.activate_credential(esapi, ak, ek, blob, encrypted)
+        with _open_tpm(tcti, step) as esapi:
+            ak, _ = load_or_create_ak(esapi, ak_handle)
+            name = E.object_name(E.read_public(esapi, ak))
+            if ch.get("ak_name") and ch["ak_name"] != name.hex():
+                raise Refused(f"the challenge was made for AK name {ch['ak_name']}, but the AK at 0x{ak_handle:08x} "
+                              f"in this TPM has name {name.hex()}: the AK changed since `sitsctl enroll` (or this is "
+                              "another device); run `sitsctl enroll` again and send the new request to the verifier")
+            with E.open_ek(esapi, ch["ek_kind"]) as (ek, _):
+                secret = E.activate_credential(esapi, ak, ek, blob, encrypted)
     except E.EnrollError as exc:
         raise (Fail if exc.code == "tpm" else Refused)(str(exc)) from None
     except (TpmError, _tss_exception()) as exc:
-        raise Fail(f"TPM at {tcti!r}: {exc}") from None
-    finally:
-        esapi.close()
+        raise Fail(hang_message(step, tcti, exc) or f"TPM at {tcti!r}: {exc}") from None
     print(f"sitsctl enroll: credential activated for AK 0x{ak_handle:08x}", file=sys.stderr)
     return {"format": RESPONSE, "challenge_id": ch.get("challenge_id"), "secret": secret.hex()}
 

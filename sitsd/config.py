@@ -113,6 +113,12 @@ def _cross_checks(cfg: Config) -> list[tuple[tuple, str]]:
         problems.append((("audit", "anchor"), "anchor tpm needs attestation.mode tpm2: the anchor counter lives in "
                          "the TPM the signer uses; set audit.anchor: off with attestation.mode software"))
     problems += _enrollment_authority_problems(cfg)
+    if cfg.attestation.session_credential != "measured" and not (
+            cfg.attestation.mode == "tpm2" and cfg.attestation.signing == "tpm-session"):
+        problems.append((("attestation", "session_credential"), f"{cfg.attestation.session_credential} chooses the "
+                         "format of the tpm-session credential, and this config sends none (attestation.mode "
+                         f"{cfg.attestation.mode}, signing {cfg.attestation.signing}): it needs mode tpm2 and signing "
+                         "tpm-session; remove the field"))
     if cfg.model.kind == "streaming" and cfg.proof.policy != "off":
         problems.append((("proof", "policy"), "proofs need the MLP's circuit; there is no circuit for the streaming "
                          "transformer (attention): set proof.policy: off, or use model.kind: mlp"))

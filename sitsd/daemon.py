@@ -82,9 +82,12 @@ def make_signer(cfg: Config):
 
 class Daemon:
     def __init__(self, cfg: Config, *, signer=None, notifier: Notifier | None = None,
-                 config_path: Path | None = None, config_overrides: dict | None = None) -> None:
+                 config_path: Path | None = None, config_overrides: dict | None = None,
+                 config_sha256: str | None = None) -> None:
         self.cfg = cfg
         self.config_path = config_path
+        # the SHA-256 of the bytes `cfg` was parsed from (sitsd reads the file once); None: hashed from the file
+        self.config_sha256_at_start = config_sha256
         self.config_overrides = config_overrides
         self.reloads = 0
         self.signer = signer
@@ -187,6 +190,12 @@ class Daemon:
             except AttestationError as exc:
                 raise tpm_startup_error("measuring the model into PCR 16", exc, cfg.attestation.tcti) from exc
             self.log.info("model measured into TPM", pcr=16, value=pcr.hex())
+            if self.signer.kind == "tpm-session" and cfg.attestation.session_credential == "model-only":
+                self.log.warning("session credential model-only", detail="the PLC gets version 1 credentials (a "
+                                 "quote over PCR 16 only): it does not see the modules or config that run, though "
+                                 f"they are still measured into PCR {cfg.attestation.measurement_pcr}; set "
+                                 "attestation.session_credential: measured once the PLC gateway's verifier takes "
+                                 "version 2 (docs/deploy.md)")
         self._start_step("the signer's self-test")
         sign_budget_ns = self._signer_self_test()
         self._start_step("writing the signer's public key and opening the frame source")
@@ -585,9 +594,19 @@ class Daemon:
                 "rebinds": getattr(self.link, "rebinds", 0),
                 "rebind_failures": getattr(self.link, "rebind_failures", 0),
                 "compactions": getattr(self.link, "compactions", 0),
+                "compaction_failures": getattr(self.link, "compaction_failures", 0),
+                # the newest credential's PCR 23 value is not the log's: the PLC holds one that does not say what runs
+                "credential_stale": self._credential_stale(),
                 "frame_age_ms": round((now - self._frame_progress_at) * 1000),
                 "frame_timeout_ms": round(self._frame_timeout_s() * 1000),
                 "frames_stalled_s": round(now - stall["since"], 2) if stall is not None else None}
+
+    def _credential_stale(self) -> bool | None:
+        """tpm-session (a PLC link and a measurement log): sitsd_session_credential_stale; None otherwise."""
+        if self.link is None or self.measurements is None or not hasattr(self.link, "last_bound_value"):
+            return None
+        bound, value = self.link.last_bound_value, getattr(self.measurements, "value", None)
+        return bound is not None and value is not None and bytes(bound) != bytes(value)
 
     def _alert(self, kind: str, reason: str, item: Outgoing | None = None) -> None:
         self.alerts.append((time.time_ns(), kind, reason, 0, item.frame_sequence if item else 0))
@@ -901,6 +920,11 @@ class Daemon:
                if self.persistence is not None else {"stages_source": "config", "persistence": None}),
             "signer": "tpm" if str(getattr(self.signer, "kind", "")).startswith("tpm") else getattr(self.signer, "kind", None),
             "signing_mode": getattr(self.signer, "kind", None),
+            # tpm-session: the credential format the PLC gets (attestation.session_credential); None without one
+            "session_credential": ((f"measured (v2: PCR 16 + {self.cfg.attestation.measurement_pcr} with its log)"
+                                    if self.cfg.attestation.session_credential == "measured" else
+                                    "model-only (v1: PCR 16 only, the PLC does not see modules or config)")
+                                   if getattr(self.signer, "kind", None) == "tpm-session" else None),
             "key_id": self.signer.key_id.hex() if self.signer else None,
             "plc": self.cfg.plc.endpoint,
             "transport": self.cfg.transport.kind,

@@ -34,12 +34,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from .config import load_config
+    import hashlib
+
+    from .config import load_config, read_config_bytes
     from .daemon import Daemon
     from .log import configure
 
     try:
-        cfg = load_config(args.config, parse_overrides(args.set))  # --set applies to reloads as well
+        data = read_config_bytes(args.config)  # read once: parsed, and measured into PCR 23, from these bytes
+        cfg = load_config(args.config, parse_overrides(args.set), data=data)  # --set applies to reloads as well
     except SitsError as exc:
         print(f"sitsd: {exc}", file=sys.stderr)
         return 2
@@ -51,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     journal = args.log_target == "journal" or (args.log_target == "auto" and journal_available())
     configure(cfg.logging.level, sys.stderr, syslog_prefix=args.syslog_prefix, journal=journal)
     overrides = parse_overrides(args.set)
-    daemon = Daemon(cfg, config_path=args.config, config_overrides=overrides)
+    daemon = Daemon(cfg, config_path=args.config, config_overrides=overrides,
+                    config_sha256=hashlib.sha256(data).hexdigest())
 
     async def run() -> int:
         loop = asyncio.get_running_loop()

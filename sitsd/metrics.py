@@ -155,6 +155,15 @@ def _counter(name: str, doc: str, value, labels: list[str] | None = None, sample
     return m
 
 
+def credential_stale(link, mlog) -> bool:
+    """tpm-session: whether the newest credential written to the PLC (plc_link.last_bound_value, its PCR 23 value)
+    no longer matches the measurement log's current value. False before the first bind (and for a version 1
+    credential, which carries no PCR 23 value)."""
+    bound = getattr(link, "last_bound_value", None)
+    value = getattr(mlog, "value", None)
+    return bound is not None and value is not None and bytes(bound) != bytes(value)
+
+
 class DaemonCollector:
     """A prometheus_client collector that reads the daemon's state when scraped."""
 
@@ -223,11 +232,26 @@ class DaemonCollector:
                            "it could not be made); each ended the PLC session.", float(link.rebind_failures))
             yield _counter("sitsd_measurement_compactions", "Measurement-log compactions since start (PCR 23 reset "
                            "and what runs measured again; the old log archived).", float(link.compactions))
+            yield _counter("sitsd_measurement_compaction_failures", "Measurement-log compactions that failed since "
+                           "start (retried at the next measurement or bind).",
+                           float(getattr(link, "compaction_failures", 0)))
             if mlog is not None:
                 events = GaugeMetricFamily("sitsd_measurement_log_events", "Events in the measurement log a session "
                                            "credential carries (compacted long before its cap of 256).")
                 events.add_metric([], float(len(mlog.events)))
                 yield events
+                damaged = GaugeMetricFamily("sitsd_measurement_log_damaged", "1 while the measurement log does not "
+                                            "explain PCR 23 (an extension of unknown outcome or a compaction that "
+                                            "failed after the PCR reset): measurements are refused until a "
+                                            "compaction succeeds.")
+                damaged.add_metric([], 1.0 if getattr(mlog, "damaged", None) is not None else 0.0)
+                yield damaged
+                stale = GaugeMetricFamily("sitsd_session_credential_stale", "1 when the PCR 23 value of the newest "
+                                          "session credential written to the PLC differs from the measurement log's "
+                                          "current value: the PLC holds a credential that does not say what runs "
+                                          "(normal for the milliseconds of a re-bind).")
+                stale.add_metric([], 1.0 if credential_stale(link, mlog) else 0.0)
+                yield stale
 
         up = GaugeMetricFamily("sitsd_uptime_seconds", "Seconds since the daemon was created.")
         up.add_metric([], time.monotonic() - getattr(d, "_started", time.monotonic()))

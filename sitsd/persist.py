@@ -193,8 +193,8 @@ class Persistence:
         cfg = daemon.cfg
         self.path = Path(cfg.audit.directory) / STATE_FILE
         self.enabled = bool(getattr(cfg.runtime, "persist_updates", True))
-        self.config_sha256: str | None = None
-        if daemon.config_path is not None:
+        self.config_sha256: str | None = getattr(daemon, "config_sha256_at_start", None)
+        if daemon.config_path is not None and self.config_sha256 is None:
             try:
                 self.config_sha256 = hashlib.sha256(Path(daemon.config_path).read_bytes()).hexdigest()
             except OSError:

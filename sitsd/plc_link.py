@@ -204,6 +204,8 @@ class PlcLink:
         from attestation.session import MAX_CREDENTIAL_BYTES, call_in_thread
 
         log = self.measurements() if self.measurements is not None else None
+        if getattr(self.cfg.attestation, "session_credential", "measured") == "model-only":
+            log = None  # a version 1 credential (PCR 16 only) for a PLC verifier that predates version 2
         if log is not None and getattr(log, "tpm", None) is not None:
             await self._compact_before_bind(log)
         try:

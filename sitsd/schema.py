@@ -432,6 +432,13 @@ class AttestationSection(_Section):
         "--signing-key`): `sitsctl deploy` accepts the AK enrollment record (--enrollment, or "
         "<audit.directory>/enrollment.json) only with its valid signature, and refuses to deploy without a record. "
         "Keep it outside audit.directory (writable by sitsd itself)")
+    session_credential: Literal["measured", "model-only"] = Field(
+        default="measured", description="tpm-session: what the session credential the PLC checks proves. measured "
+        "(version 2): one quote over the session PCR (16) and measurement_pcr (23) with its measurement log, so the "
+        "PLC sees model, modules and config; model-only (version 1): a quote over PCR 16 alone, no log, for a PLC "
+        "gateway whose verifier predates version 2 (it refuses those as malformed). Measurement into "
+        "measurement_pcr goes on either way; only what the PLC is shown differs. Needs mode tpm2 and signing "
+        "tpm-session (docs/deploy.md, upgrade order)")
     require_signatures: Literal["off", "modules", "all"] = Field(
         default="off", description="which files need the authority's detached signature (FILE.sig, `sitsctl sign`) "
         "at startup, hot swap and reload: none, WASM modules, or modules + model + config (production: all)")

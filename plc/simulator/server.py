@@ -25,6 +25,10 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 from asyncua import Server, ua
 
+# CredentialError codes on which the open session ends (_on_credential_write); they live in attestation/session.py,
+# next to SessionReplayState.end_current_session, for any PLC gateway (re-exported here)
+from attestation.session import SESSION_ENDING_CODES
+
 from ..uadp import UadpMessage, compile_layout
 from ..eth import EthPublisher
 from ..profiles import get_profile
@@ -81,12 +85,6 @@ class SimulatorSettings:
     fault: str | None = None  # inject one fault: KIND@SECONDS[:SIGNAL][xMAGNITUDE] (plc/simulator/faults.py)
 
 
-# CredentialError codes that only a genuine credential reaches: its quote verified (trusted AK, this nonce, this
-# session key) and, for module and config, its log replayed to the quoted PCR 23, yet it says something runs that
-# this PLC does not accept: the open session ends with it (_on_credential_write). Not `measurement` nor the
-# certification codes: the log and the certification fields are outside the quote, so someone on the path could
-# alter them in a genuine credential to end the session.
-SESSION_ENDING_CODES = frozenset({"model", "module", "config", "unmeasured"})
 
 
 class RollingMillSimulator:
@@ -248,7 +246,12 @@ class RollingMillSimulator:
                     if self.session_open:
                         self.sessions_ended += 1
                     self.session_open = False
-                    self.verify = self._refused_session(exc)  # the session ends with the refusal (see above)
+                    # the session ends with the refusal (see above): in the acceptor's replay state, so the accepted
+                    # session's verifier itself refuses further commands (`ended`), and here, for a clear reason
+                    state = getattr(self.session_acceptor, "replay_state", None)
+                    if hasattr(state, "end_current_session"):
+                        state.end_current_session(f"a credential was refused: {exc}")
+                    self.verify = self._refused_session(exc)
                 self.sessions_rejected += 1
                 self.reject_reasons["session"] += 1
                 self.last_reject = f"session credential refused: {exc}"

@@ -129,9 +129,17 @@ def test_a_daemon_with_many_reloads_compacts_its_log_and_keeps_the_plc_session(p
         assert _metric(text, "sitsd_session_rebind_failures_total") == 0
         assert _metric(text, "sitsd_measurement_compactions_total") >= 2
         assert _metric(text, "sitsd_measurement_log_events") <= COMPACT_AT
+        assert _metric(text, "sitsd_measurement_log_damaged") == 0
+        assert _metric(text, "sitsd_measurement_compaction_failures_total") == 0
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, log.read_text()[-3000:]
+        # the archive chain a real daemon wrote checks out: every compaction linked, state carried over
+        verify = subprocess.run([sys.executable, "-m", "sitsd.cli", "measurements", "verify", str(audit), "--json"],
+                                capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert verify.returncode == 0, verify.stdout + verify.stderr
+        report = json.loads(verify.stdout.strip().splitlines()[-1])
+        assert report["ok"] is True, report
     finally:
         if proc.poll() is None:
             proc.kill()
