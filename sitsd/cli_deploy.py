@@ -298,6 +298,10 @@ def _measure_tpm(cfg, events, approval, authority, approval_sha, approval_path, 
     if not a.tcti:
         raise Fail("attestation mode tpm2 needs a TCTI: --tcti, SITS_TCTI or attestation.tcti")
     step = "sitsctl deploy (measuring the deployment in the TPM)"
+    from attestation.tpm.worker import TPM_OPEN_TIMEOUT_S
+
+    print(f"sitsctl deploy: measuring in the TPM at {a.tcti} (opening it waits at most {TPM_OPEN_TIMEOUT_S:g} s)",
+          file=sys.stderr, flush=True)
     # every TPM call bounded (attestation.tpm.worker): a hung TPM is a [FAIL] naming the step and the TCTI, and
     # nothing is staged; Ctrl-C interrupts the wait
     try:

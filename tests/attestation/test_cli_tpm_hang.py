@@ -76,7 +76,13 @@ def test_ctrl_c_interrupts_a_deploy_waiting_on_a_frozen_tpm(tmp_path, vendor):  
     proc = subprocess.Popen([sys.executable, "-m", "sitsd.cli", *map(str, deploy_args(tmp_path, vendor, tpm.tcti))],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(4)  # well into the (10 s) wait for the TPM to open
+        # the deploy's checks before the TPM (the solver, the model) may take seconds on a loaded machine, and the
+        # solver handles a Ctrl-C of its own: interrupt only once the deploy says it is opening the TPM
+        line = proc.stderr.readline()
+        while line and "measuring in the TPM" not in line:
+            line = proc.stderr.readline()
+        assert "measuring in the TPM" in line, "the deploy ended before opening the TPM"
+        time.sleep(1)  # into the (10 s) wait for the TPM to open
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
     finally:
