@@ -74,7 +74,11 @@ def test_ctrl_c_interrupts_a_deploy_waiting_on_a_frozen_tpm(tmp_path, vendor):  
     tpm = Swtpm(tmp_path / "tpm").start()
     tpm._proc.send_signal(signal.SIGSTOP)
     proc = subprocess.Popen([sys.executable, "-m", "sitsd.cli", *map(str, deploy_args(tmp_path, vendor, tpm.tcti))],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # a CI that runs the suite in the background (a non-interactive shell's `&`) starts it
+                            # with SIGINT ignored, which children inherit, and Python then never installs its
+                            # KeyboardInterrupt handler: give the deploy the default an operator's terminal gives
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         # the deploy's checks before the TPM (the solver, the model) may take seconds on a loaded machine, and the
         # solver handles a Ctrl-C of its own: interrupt only once the deploy says it is opening the TPM
