@@ -55,20 +55,34 @@ def split_events(events: Sequence[tuple[str, str, str]]) -> tuple[list, list]:
 
 
 def measure(esapi, *, pcr: int, events: Sequence[tuple[str, str, str]], approval, authority, approval_sha256: str,
-            approval_name: str, device_key_handle: int, ak_handle: int, nonce: bytes, log_path: Path) -> dict:
-    """The TPM side of a deployment: provision the policy-bound device key (at `device_key_handle`,
-    attestation.device_key_handle: never tpm-direct's password key) and the AK when absent, reset
+            approval_name: str, device_key_handle: int, ak_handle: int, nonce: bytes, log_path: Path,
+            identity_key_handle: int = 0x81000001) -> dict:
+    """The TPM side of a deployment: provision the device identity key (at `identity_key_handle`,
+    attestation.key_handle: the password P-256 key DeviceID names, tpm-direct's signing key), the policy-bound
+    device key (at `device_key_handle`, attestation.device_key_handle) and the AK when absent, reset
     `pcr`, measure, have the device key sign the challenge under the approval, measure the site part,
     quote. Returns the deployment record (not yet verified: call `verify_record`)."""
     from .measurement import MeasurementLog, TpmPcr
     from .tpm.ek import read_ek_certificates
     from .tpm.policy import key_public_pem, load_or_create_policy_key, policy_sign
     from .tpm.quote import ak_public_pem, load_or_create_ak, quote
-    from .tpm.signer import _tss
+    from .tpm.signer import _tss, describe_key, load_or_create_signing_key, password_signing_key_problems
 
     t = _tss()
-    step = f"provisioning the device key at 0x{device_key_handle:08x}"
+    step = f"provisioning the device identity key at 0x{identity_key_handle:08x}"
     try:
+        identity, identity_created = load_or_create_signing_key(esapi, identity_key_handle)
+        identity_pub, _, _ = esapi.read_public(identity)
+        problems = password_signing_key_problems(identity_pub.publicArea)
+        if problems:
+            raise DeployError(
+                f"the key at 0x{identity_key_handle:08x} (attestation.key_handle, the password key DeviceID names) is "
+                f"{'; '.join(problems)} (found: {describe_key(identity_pub.publicArea)}); nothing staged. Fix: set "
+                f"attestation.key_handle to a free persistent handle (`tpm2_getcap handles-persistent` lists the used "
+                f"ones), or evict that key if nothing needs it (`tpm2_evictcontrol -C o -c "
+                f"0x{identity_key_handle:08x}`): deploy then provisions a new one", "device identity key")
+        identity_pem = identity_pub.to_pem()
+        step = f"provisioning the device key at 0x{device_key_handle:08x}"
         key, key_created = load_or_create_policy_key(esapi, device_key_handle, authority)
         step = f"provisioning the attestation key at 0x{ak_handle:08x}"
         ak, ak_created = load_or_create_ak(esapi, ak_handle)
@@ -102,8 +116,11 @@ def measure(esapi, *, pcr: int, events: Sequence[tuple[str, str, str]], approval
         raise
     return {
         "format": RECORD_FORMAT, "version": 1, "mode": "tpm2", "created_ns": time.time_ns(),
-        "device_id": f"TPM2:0x{device_key_handle:08x}", "device_key_handle": device_key_handle, "ak_handle": ak_handle,
-        "keys_created": [n for n, c in (("device key", key_created), ("attestation key", ak_created)) if c],
+        "device_id": f"TPM2:0x{identity_key_handle:08x}", "identity_key_handle": identity_key_handle,
+        "identity_public_pem": identity_pem.decode(),
+        "device_key_handle": device_key_handle, "ak_handle": ak_handle,
+        "keys_created": [n for n, c in (("device identity key", identity_created), ("device key", key_created),
+                                        ("attestation key", ak_created)) if c],
         "pcr": pcr, "initial": log.initial.hex(), "pcr_value": log.value.hex(),
         "events": [asdict(e) for e in log.events], "nonce": bytes(nonce).hex(),
         "quote": {"attest": q.attest.hex(), "signature": q.signature.hex()},
@@ -211,10 +228,12 @@ def verify_record(record: dict, *, nonce: bytes, authority=None, ak_public_pem: 
         raise DeployError("the device key's signature over the deploy challenge does not verify", "device")
 
 
-def live_record(answer: dict, *, nonce: bytes, approval, device_key_handle: int) -> dict:
+def live_record(answer: dict, *, nonce: bytes, approval, device_key_handle: int,
+                identity_key_handle: int = 0x81000001) -> dict:
     """The record of a deployment a running daemon loaded (`deploy_verified`'s answer): its whole
     measurement log since start, the quote over it, and `boot_events`, what the next start measures.
-    `device_key_handle` names the device (DeviceID), whichever key signs the daemon's commands."""
+    `identity_key_handle` (attestation.key_handle) names the device (DeviceID), whichever key signs the
+    daemon's commands."""
     from .measurement import MeasurementError, replay
 
     events = _events_of(answer)
@@ -226,8 +245,8 @@ def live_record(answer: dict, *, nonce: bytes, approval, device_key_handle: int)
         raise DeployError("the daemon's log does not end with the approval it was asked to measure", "event-log")
     mode = answer.get("mode")
     record = {"format": RECORD_FORMAT, "version": 1, "mode": mode, "live": True, "created_ns": time.time_ns(),
-              "device_id": f"TPM2:0x{device_key_handle:08x}" if mode == "tpm2" else "software",
-              "device_key_handle": device_key_handle,
+              "device_id": f"TPM2:0x{identity_key_handle:08x}" if mode == "tpm2" else "software",
+              "identity_key_handle": identity_key_handle, "device_key_handle": device_key_handle,
               "pcr": answer["pcr"], "initial": answer["initial"], "pcr_value": value.hex(),
               "events": answer["events"], "boot_events": answer["boot_events"], "nonce": bytes(nonce).hex(),
               "approval": approval.to_json(), "model_sha256": approval.model_sha256, "ek_certificates": [],

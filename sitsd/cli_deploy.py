@@ -167,9 +167,10 @@ def _deploy(args) -> dict:
     mode = args.attestation_mode or a.mode
     if mode == "none" and args.verify_on_boot:
         raise Fail("--verify-on-boot true needs a measured deployment: --attestation-mode tpm2 (or software)")
-    # any signing mode: the deployment's device key (attestation.device_key_handle) is policy-bound and signs
-    # only the deploy challenge; tpm-direct's password key (key_handle) is another object at another handle, and
-    # the config's validation keeps key_handle, ak_handle and device_key_handle apart
+    # any signing mode: DeviceID names the device identity key (attestation.key_handle, 0x81000001: the password
+    # P-256 key, tpm-direct's signing key), provisioned here when absent; the deployment's device key
+    # (attestation.device_key_handle) is policy-bound and signs only the deploy challenge; the config's validation
+    # keeps key_handle, ak_handle and device_key_handle apart
 
     approval_path = Path(args.approval).resolve() if args.approval else a.approval
     authority_path = Path(args.authority_pub).resolve() if args.authority_pub else a.authority_key
@@ -309,7 +310,7 @@ def _measure_tpm(cfg, events, approval, authority, approval_sha, approval_path, 
                          open_prefix="cannot open TCTI") as esapi:
             return measure(esapi, pcr=a.measurement_pcr, events=events, approval=approval, authority=authority,
                            approval_sha256=approval_sha, approval_name=approval_path.name,
-                           device_key_handle=a.device_key_handle,
+                           device_key_handle=a.device_key_handle, identity_key_handle=a.key_handle,
                            ak_handle=a.ak_handle, nonce=nonce, log_path=log_path)
     except AttestationError as exc:  # DeployError and PolicyError included: a hang is named as one
         hung = hang_message(getattr(exc, "step", None) or step, a.tcti, exc)
@@ -491,7 +492,8 @@ def _deploy_live(args, cfg, mode, status, approval, authority, approval_name, ap
                 trusted = None
         try:
             record = live_record(answer, nonce=nonce, approval=approval,
-                                 device_key_handle=cfg.attestation.device_key_handle)
+                                 device_key_handle=cfg.attestation.device_key_handle,
+                                 identity_key_handle=cfg.attestation.key_handle)
             if mode == "tpm2":
                 if enrollment is not None:
                     _check_enrolled_ak(enrollment, record["ak_public_pem"], cfg, "the running sitsd's AK")

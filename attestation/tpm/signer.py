@@ -158,6 +158,27 @@ def wrong_key_message(handle: int, area, problems: list[str]) -> str:
 SIGN_TIMEOUT_S = 1.0  # one TPM2_Sign (swtpm ~0.5 ms, a discrete TPM tens of ms; the loop's deadline is 8 ms): a hang
 
 
+def load_or_create_signing_key(esapi, key_handle: int = DEFAULT_KEY_HANDLE):
+    """The password signing key (device identity, tpm-direct's key) at `key_handle`: its ESYS_TR and whether it
+    was created now (a primary under the owner hierarchy, USERWITHAUTH with an empty authPolicy, NODA, persisted).
+    What sits there is not checked here: callers read its public area and refuse it with
+    `password_signing_key_problems` / `wrong_key_message`."""
+    t = _tss()
+    try:
+        return esapi.tr_from_tpmpublic(key_handle), False
+    except t.TSS2_Exception:
+        pass
+    a = t.TPMA_OBJECT
+    attrs = a.FIXEDTPM | a.FIXEDPARENT | a.SENSITIVEDATAORIGIN | a.USERWITHAUTH | a.SIGN_ENCRYPT | a.NODA
+    template = t.TPM2B_PUBLIC(publicArea=t.TPMT_PUBLIC.parse("ecc256:ecdsa-sha256:null", objectAttributes=attrs))
+    handle, *_ = esapi.create_primary(None, template, t.ESYS_TR.OWNER)
+    try:
+        persistent = esapi.evict_control(t.ESYS_TR.OWNER, handle, key_handle)
+    finally:
+        esapi.flush_context(handle)  # swtpm has no resource manager: a leaked transient stays
+    return persistent, True
+
+
 class TpmSigner:
     """tpm-direct: every command signed by TPM2_Sign with the persistent password key at `key_handle`.
 
@@ -221,21 +242,7 @@ class TpmSigner:
 
     def _load_or_create_key(self):
         """On the TPM thread."""
-        t = _tss()
-        e = self._esapi
-        try:
-            return e.tr_from_tpmpublic(self.key_handle), False
-        except t.TSS2_Exception:
-            pass
-        a = t.TPMA_OBJECT
-        attrs = a.FIXEDTPM | a.FIXEDPARENT | a.SENSITIVEDATAORIGIN | a.USERWITHAUTH | a.SIGN_ENCRYPT | a.NODA
-        template = t.TPM2B_PUBLIC(publicArea=t.TPMT_PUBLIC.parse("ecc256:ecdsa-sha256:null", objectAttributes=attrs))
-        handle, *_ = e.create_primary(None, template, t.ESYS_TR.OWNER)
-        try:
-            persistent = e.evict_control(t.ESYS_TR.OWNER, handle, self.key_handle)
-        finally:
-            e.flush_context(handle)
-        return persistent, True
+        return load_or_create_signing_key(self._esapi, self.key_handle)
 
     def public_key_pem(self) -> bytes:
         return self._public_pem

@@ -50,7 +50,7 @@ def test_deploy_with_a_tpm_that_freezes_mid_way_names_the_step(tmp_path, vendor,
         tpm.stop()
     assert rc == 1
     assert len(out.splitlines()) == 1 and out.startswith("Verified: [FAIL] TPM: sitsctl deploy (provisioning the "
-                                                         "device key at 0x81000003)"), out
+                                                         "device identity key at 0x81000001)"), out
     assert f"TCTI {tpm.tcti!r} did not answer" in out and "within 2 s" in out, out
     assert not (tmp_path / "audit" / "deployment.json").exists()
 

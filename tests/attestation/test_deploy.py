@@ -18,7 +18,7 @@ from attestation.tpm.policy import load_authority_public
 
 from ..conftest import DEMO_MODEL, EXAMPLE_CONFIG, REPO, sitsd_args, wait_ready
 
-OK = re.compile(r"^Verified: \[OK\] DeviceID=TPM2:0x81000003 \| ModelSHA256=([0-9a-f]{64}) \| PolicySig=valid$")
+OK = re.compile(r"^Verified: \[OK\] DeviceID=TPM2:0x81000001 \| ModelSHA256=([0-9a-f]{64}) \| PolicySig=valid$")
 
 
 def sitsctl(*args, env=None, timeout=120):
@@ -77,6 +77,9 @@ def test_acceptance_ok_with_the_real_sha256_then_fail_with_a_modified_artifact(t
         assert "EK certificate: none" in r.stderr  # swtpm without swtpm_setup --create-ek-cert has none
         record = staged(tmp_path)
         verify_record(record, nonce=bytes.fromhex(record["nonce"]), authority=load_authority_public(vendor["pub"]))
+        # a fresh TPM: the device identity key DeviceID names, the policy-bound device key and the AK provisioned
+        assert record["keys_created"] == ["device identity key", "device key", "attestation key"]
+        assert record["identity_key_handle"] == 0x81000001 and "BEGIN PUBLIC KEY" in record["identity_public_pem"]
         assert replay_file(tmp_path / "audit" / "deployment-measurements.jsonl").hex() == record["pcr_value"]
         assert [e["kind"] for e in record["events"]] == ["model", "module:pre", "module:post", "config", "approval"]
         from tpm2_pytss import ESAPI
@@ -125,6 +128,8 @@ def test_the_acceptance_command_as_written_uses_the_committed_approval(tmp_path)
     ("bad-config", "is invalid: timing.cycle_ms"),
     ("no-tpm", "TPM: cannot open TCTI"),
     ("foreign-key", "device key: the key at 0x81000003 is not bound to authority"),
+    ("foreign-identity", "device identity key: the key at 0x81000001 (attestation.key_handle, the password key "
+                         "DeviceID names) is restricted (an attestation key"),
     ("handles-collide", "key_handle and device_key_handle are both 0x81000001"),
     ("certify-other-approval", "attestation.certify_session is on: sitsd certifies its session key with the "
                                "config's approval"),
@@ -159,6 +164,16 @@ def test_fail_paths_print_one_fail_line_and_exit_non_zero(swtpm, tmp_path, vendo
         from attestation.tpm import TpmSigner
 
         TpmSigner(swtpm.tcti, 0x81000003).close()
+    elif case == "foreign-identity":  # an AK where DeviceID's password key belongs
+        from tpm2_pytss import ESAPI
+
+        from attestation.tpm.quote import load_or_create_ak
+
+        esapi = ESAPI(swtpm.tcti)
+        try:
+            load_or_create_ak(esapi, 0x81000001)
+        finally:
+            esapi.close()
     elif case == "handles-collide":  # the policy-bound device key asked for at tpm-direct's handle
         extra = ["--set", "attestation.device_key_handle=0x81000001"]
     elif case == "certify-other-approval":  # the config's (committed) approval is not the one deployed
@@ -378,7 +393,7 @@ def test_verify_on_boot_start_then_deploy_loads_into_the_running_daemon(plcsim, 
         assert request(tmp_path / "c.sock", "status")["model_sha256"] == hashlib.sha256(
             DEMO_MODEL.read_bytes()).hexdigest()  # refused before the daemon was asked: the old model runs
         rc, out, err = deploy_in_process(capsys, tmp_path, {**vendor, "approval": approval2}, swtpm.tcti, *at_model)
-        assert rc == 0 and out.strip() == (f"Verified: [OK] DeviceID=TPM2:0x81000003 | ModelSHA256={new_sha} | "
+        assert rc == 0 and out.strip() == (f"Verified: [OK] DeviceID=TPM2:0x81000001 | ModelSHA256={new_sha} | "
                                            "PolicySig=valid"), out + err
         assert "applied: model" in err
         assert request(tmp_path / "c.sock", "status")["model_sha256"] == new_sha
@@ -439,8 +454,11 @@ def test_tpm_direct_deploys_and_its_daemon_starts_on_the_same_tpm(plcsim, swtpm,
     rc, out, err = deploy_in_process(capsys, tmp_path, vendor, swtpm.tcti, *direct)
     assert rc == 0 and OK.match(out.strip()), out + err
     record = staged(tmp_path)
-    assert record["device_id"] == "TPM2:0x81000003" and record["device_key_handle"] == 0x81000003
-    assert record["keys_created"] == ["device key", "attestation key"]  # the password key was not touched
+    assert record["device_id"] == "TPM2:0x81000001" and record["device_key_handle"] == 0x81000003
+    assert record["identity_key_handle"] == 0x81000001
+    # the password key (the device identity, tpm-direct's key) existed: found and named, not created again
+    assert record["keys_created"] == ["device key", "attestation key"]
+    assert record["identity_public_pem"].encode() == password_pem
     verify_record(record, nonce=bytes.fromhex(record["nonce"]), authority=load_authority_public(vendor["pub"]))
     keys = persistent_keys(swtpm.tcti)
     assert sorted(keys) == [0x81000001, 0x81000002, 0x81000003]
@@ -470,7 +488,7 @@ def test_tpm_direct_deploys_and_its_daemon_starts_on_the_same_tpm(plcsim, swtpm,
         assert rc == 0 and OK.match(out.strip()), out + err
         assert "loaded into the running sitsd (applied: nothing, already running)" in err
         record = staged(tmp_path)
-        assert record["live"] and record["device_id"] == "TPM2:0x81000003"
+        assert record["live"] and record["device_id"] == "TPM2:0x81000001"
         assert proc.poll() is None
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0

@@ -175,7 +175,7 @@ def test_a_failure_after_the_model_swap_inside_the_daemon_undoes_the_swap(live, 
     # after the undo, deploying what runs verifies (the rollback event says which model runs)
     live.model.write_bytes(DEMO_MODEL.read_bytes())
     rc, out, err = deploy(live, EXAMPLE_CONFIG, "original")
-    assert rc == 0 and out == (f"Verified: [OK] DeviceID=TPM2:0x81000003 | ModelSHA256={ORIGINAL_SHA} | "
+    assert rc == 0 and out == (f"Verified: [OK] DeviceID=TPM2:0x81000001 | ModelSHA256={ORIGINAL_SHA} | "
                                "PolicySig=valid\n"), out + err
     assert "applied: nothing, already running" in err
     assert running(live) == live.baseline
@@ -277,7 +277,7 @@ def test_d_a_confirmed_load_stays_past_the_timeout(live, restore, monkeypatch):
     monkeypatch.setattr(sitsd.cli_deploy, "CONFIRM_TIMEOUT_S", 1.0)
     live.model.write_bytes(tampered_model())
     rc, out, err = deploy(live, EXAMPLE_CONFIG, "new")
-    assert rc == 0 and out == f"Verified: [OK] DeviceID=TPM2:0x81000003 | ModelSHA256={NEW_SHA} | PolicySig=valid\n", \
+    assert rc == 0 and out == f"Verified: [OK] DeviceID=TPM2:0x81000001 | ModelSHA256={NEW_SHA} | PolicySig=valid\n", \
         out + err
     assert "applied: model" in err
     time.sleep(2.0)
