@@ -6,12 +6,33 @@ public signals; the config is only needed to decode the signals into units.
 from __future__ import annotations
 
 import argparse
+import platform
 import sys
 import time
 from pathlib import Path
 
 from attestation.zk import ZkError, available_backends, prepare, prove, verify
 from attestation.zk.formats import snarkjs_json as sj
+
+
+BACKENDS = ["int", "gmpy2", "mcl"]  # attestation/zk/backend.py, slowest first
+
+
+def _backend(name: str | None) -> str:
+    """The backend `--backend` names, or the fastest installed one (the daemon's choice); ZkError
+    saying why a named backend cannot be used here."""
+    from attestation.zk import backend
+
+    if name is None:
+        return available_backends()[-1]
+    try:
+        backend.get(name)
+    except ZkError as e:
+        hint = (f"mcl needs the mclbn256 wheel, which exists for x86_64 only (this machine: "
+                f"{platform.machine() or 'unknown'}); " if name == "mcl" else "")
+        raise ZkError(f"{e}; {hint}installed here: {', '.join(available_backends())} (without --backend the "
+                      "fastest of them is used)") from None
+    return name
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,7 +65,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "the error message list them; required when the config has conditional constraints")
     pr.add_argument("--keys", type=Path, required=True, help="key directory (see zk-setup)")
     pr.add_argument("--out", type=Path, required=True, help="directory for proof.json, public.json, vk.json")
-    pr.add_argument("--backend", choices=["int", "gmpy2"], default="gmpy2", help="MSM backend (default gmpy2)")
+    pr.add_argument("--backend", choices=BACKENDS, default=None,
+                    help="prover backend: mcl (libmcl native MSM from the mclbn256 wheel, x86_64 only; what the "
+                    "daemon uses where installed), gmpy2, or int (pure Python). Default: the fastest installed, "
+                    "as the daemon chooses. All give proofs that verify identically")
     pr.set_defaults(func=_cmd_prove)
 
     vp = sub.add_parser(
@@ -96,15 +120,14 @@ def _cmd_prove(args: argparse.Namespace) -> int:
         print(f"sitsctl prove: --input must be numbers separated by commas, got {args.input!r}", file=sys.stderr)
         return 2
     try:
-        if args.backend not in available_backends():
-            raise ZkError(f"backend {args.backend} is not installed")
+        be = _backend(args.backend)
         cfg = load_config(args.config)
         cm = circuit_for_config(cfg)
         ctx = _context_values(args.context, cm.context_names)
         w = cm.witness(values, ctx)  # before any setup: an inadmissible input fails fast
         cm, pk = ensure_keys(cfg, args.keys, cm)
         t = time.perf_counter()
-        proof = prove(prepare(pk, args.backend), w)
+        proof = prove(prepare(pk, be), w)
         dt = time.perf_counter() - t
         args.out.mkdir(parents=True, exist_ok=True)
         public = cm.public_signals(w)
@@ -115,7 +138,7 @@ def _cmd_prove(args: argparse.Namespace) -> int:
         print(f"sitsctl prove: {e}", file=sys.stderr)
         return 2
     outs = ", ".join(f"{n} = {v:.6g}" for n, v in zip(cm.circuit.output_names, cm.decode_outputs(public)))
-    print(f"proved {outs} (quantization error <= {max(cm.error_bound):.3g}) in {dt:.2f} s ({args.backend}); "
+    print(f"proved {outs} (quantization error <= {max(cm.error_bound):.3g}) in {dt:.2f} s ({be}); "
           f"wrote {args.out}/proof.json, public.json, vk.json")
     return 0
 

@@ -579,7 +579,8 @@ class ProofSection(_Section):
     """Groth16 proofs that commands follow from their inputs and the model (sitsd/prover.py, docs/zk.md).
 
     Made off the fast path by a process pool; a full queue drops the proof, never delays a command.
-    Off by default: one proof costs ~0.3-0.5 s of a core, so `every` only suits slow loops."""
+    Off by default: one proof of the demo circuit costs ~0.06-0.10 s of a core with the mcl backend
+    (x86_64; ~0.2-0.3 s with gmpy2 elsewhere), so `every` only suits slow loops."""
 
     policy: Literal["off", "every", "one_in_n", "on_alert"] = Field(
         default="off", description="which commands are proven: none, all, one in n, or the first after an alert")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 
 import pytest
@@ -56,11 +57,33 @@ def test_backends_give_identical_proofs(generated):
 
 
 def test_tampered_public_signals_rejected_by_both(demo, tmp_path):
-    for i in (0, 3, len(demo.public) - 1):  # the output, a model-hash half, an input
+    # demo layout (attestation/zk/compiler.py, docs/zk.md): 0 output, 1-2 model SHA-256 hi/lo, 3-8 inputs, 9 mill_mode
+    for i in (0, 3, len(demo.public) - 1):  # the output, the first input, the context signal (mill_mode)
         bad = list(demo.public)
         bad[i] = (bad[i] + 1) % R
         assert not verify(demo.pk.verifying_key(), bad, demo.proof)
         assert not snarkjs_verifies(demo.vk_json, sj.public_to_json(bad), demo.proof_json, tmp_path / str(i))
+
+
+def test_tampered_model_hash_rejected_by_both(demo, demo_circuit, tmp_path):
+    """The model SHA-256 (public signals 1 and 2) is bound by the proof: a proof made for one model
+    does not verify as a proof for another model hash, whichever half changes."""
+    first = demo_circuit.chain.n_outputs  # the hash follows the outputs
+    hi, lo = demo_circuit.hash_signals()
+    assert demo.public[first:first + 2] == [hi, lo]
+    other = int(hashlib.sha256(b"another model").hexdigest(), 16)
+    cases = {"hi+1": {first: (hi + 1) % R}, "lo+1": {first + 1: (lo + 1) % R},
+             "hi,lo swapped": {first: lo, first + 1: hi},
+             "another model's hash": {first: other >> 128, first + 1: other & ((1 << 128) - 1)}}
+    for what, change in cases.items():
+        bad = list(demo.public)
+        for i, v in change.items():
+            bad[i] = v
+        assert bad != demo.public
+        assert not verify(demo.pk.verifying_key(), bad, demo.proof), what
+        assert not verify(demo.pk.verifying_key(), bad, demo.proof, "gmpy2"), what  # the py_ecc reference too
+        assert not snarkjs_verifies(demo.vk_json, sj.public_to_json(bad), demo.proof_json,
+                                    tmp_path / what.replace(" ", "_").replace(",", "").replace("'", "")), what
 
 
 def test_tampered_proof_rejected_by_both(generated, tmp_path):
