@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.utils import (Prehashed, decode_d
                                                              encode_dss_signature)
 
 from ..errors import AttestationError
-from .signer import DEFAULT_DEVICE_KEY_HANDLE, _tss  # noqa: F401 (re-exported)
+from .signer import DEFAULT_DEVICE_KEY_HANDLE, _tss, persist_p256_primary  # noqa: F401 (re-exported)
 
 POLICY_REF = b"sits2026/deploy/v1"  # fixed in every device key's authPolicy
 APPROVAL_FORMAT = "sits-approval"
@@ -267,15 +267,8 @@ def load_or_create_policy_key(esapi, handle: int, authority):
                 "to a free handle", "key")
         return key, False
     a = t.TPMA_OBJECT
-    attrs = a.FIXEDTPM | a.FIXEDPARENT | a.SENSITIVEDATAORIGIN | a.SIGN_ENCRYPT | a.NODA
-    area = t.TPMT_PUBLIC.parse("ecc256:ecdsa-sha256:null", objectAttributes=attrs)
-    area.authPolicy = t.TPM2B_DIGEST(policy)
-    handle_tr, *_ = esapi.create_primary(None, t.TPM2B_PUBLIC(publicArea=area), t.ESYS_TR.OWNER)
-    try:
-        persistent = esapi.evict_control(t.ESYS_TR.OWNER, handle_tr, handle)
-    finally:
-        esapi.flush_context(handle_tr)  # swtpm has no resource manager
-    return persistent, True
+    return persist_p256_primary(esapi, a.FIXEDTPM | a.FIXEDPARENT | a.SENSITIVEDATAORIGIN | a.SIGN_ENCRYPT | a.NODA,
+                                handle, policy), True
 
 
 def key_public_pem(esapi, key) -> bytes:

@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from ..cose import es256_signature
 from ..errors import AttestationError, TpmError
-from .signer import _tss  # lazy import of tpm2_pytss; also sets TSS2_LOG before it loads
+from .signer import _tss, persist_p256_primary  # lazy import of tpm2_pytss; also sets TSS2_LOG before it loads
 
 AK_HANDLE = 0x81000002
 PCR_COUNT = 24
@@ -69,15 +69,8 @@ def load_or_create_ak(esapi, ak_handle: int = AK_HANDLE):
         _check_ak(esapi, ak, ak_handle)
         return ak, False
     a = t.TPMA_OBJECT
-    attrs = (a.FIXEDTPM | a.FIXEDPARENT | a.SENSITIVEDATAORIGIN | a.USERWITHAUTH | a.SIGN_ENCRYPT | a.NODA
-             | a.RESTRICTED)
-    template = t.TPM2B_PUBLIC(publicArea=t.TPMT_PUBLIC.parse("ecc256:ecdsa-sha256:null", objectAttributes=attrs))
-    handle, *_ = esapi.create_primary(None, template, t.ESYS_TR.OWNER)
-    try:
-        persistent = esapi.evict_control(t.ESYS_TR.OWNER, handle, ak_handle)
-    finally:
-        esapi.flush_context(handle)  # swtpm has no resource manager: a leaked transient stays
-    return persistent, True
+    return persist_p256_primary(esapi, a.FIXEDTPM | a.FIXEDPARENT | a.SENSITIVEDATAORIGIN | a.USERWITHAUTH
+                                | a.SIGN_ENCRYPT | a.NODA | a.RESTRICTED, ak_handle), True
 
 
 def _check_ak(esapi, ak, ak_handle: int) -> None:

@@ -169,14 +169,24 @@ def load_or_create_signing_key(esapi, key_handle: int = DEFAULT_KEY_HANDLE):
     except t.TSS2_Exception:
         pass
     a = t.TPMA_OBJECT
-    attrs = a.FIXEDTPM | a.FIXEDPARENT | a.SENSITIVEDATAORIGIN | a.USERWITHAUTH | a.SIGN_ENCRYPT | a.NODA
-    template = t.TPM2B_PUBLIC(publicArea=t.TPMT_PUBLIC.parse("ecc256:ecdsa-sha256:null", objectAttributes=attrs))
-    handle, *_ = esapi.create_primary(None, template, t.ESYS_TR.OWNER)
+    return persist_p256_primary(esapi, a.FIXEDTPM | a.FIXEDPARENT | a.SENSITIVEDATAORIGIN | a.USERWITHAUTH
+                                | a.SIGN_ENCRYPT | a.NODA, key_handle), True
+
+
+def persist_p256_primary(esapi, attrs, handle: int, auth_policy: bytes = b""):
+    """Create an ECC P-256 ECDSA-SHA256 primary key under the owner hierarchy with `attrs` (and `auth_policy`),
+    persist it at `handle` and flush the transient (swtpm has no resource manager: a leaked transient stays).
+    Returns the persistent ESYS_TR. The one place the device's keys are made: the identity key, the AK
+    (attestation.tpm.quote) and the policy-bound device key (attestation.tpm.policy)."""
+    t = _tss()
+    area = t.TPMT_PUBLIC.parse("ecc256:ecdsa-sha256:null", objectAttributes=attrs)
+    if auth_policy:
+        area.authPolicy = t.TPM2B_DIGEST(auth_policy)
+    transient, *_ = esapi.create_primary(None, t.TPM2B_PUBLIC(publicArea=area), t.ESYS_TR.OWNER)
     try:
-        persistent = esapi.evict_control(t.ESYS_TR.OWNER, handle, key_handle)
+        return esapi.evict_control(t.ESYS_TR.OWNER, transient, handle)
     finally:
-        esapi.flush_context(handle)  # swtpm has no resource manager: a leaked transient stays
-    return persistent, True
+        esapi.flush_context(transient)
 
 
 class TpmSigner:
