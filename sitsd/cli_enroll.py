@@ -400,25 +400,16 @@ def _cmd_check_record(args) -> dict:
     """Check a record exactly as the PLC side does (attestation.tpm.enroll.load_enrollment)."""
     from attestation.tpm import enroll as E
 
-    problem = E.ek_trust_requirement_problem(args.require_ek_trust, args.enrollment_authority,
-                                             option="--require-ek-trust", authority_option="--enrollment-authority PUB.pem")
-    if problem is not None:
-        raise Fail(problem)
     try:
         with open(args.check_record, "rb"):
             pass
     except OSError as exc:
         raise Fail(f"cannot read {args.check_record}: {exc.strerror or exc}") from None
-    authority = None
-    if args.enrollment_authority is not None:
-        from attestation.tpm.policy import PolicyError, load_authority_public
-
-        try:
-            authority = load_authority_public(args.enrollment_authority)
-        except PolicyError as exc:
-            raise Fail(f"--enrollment-authority: {exc.reason}") from None
     try:
-        enrollment = E.load_enrollment(args.check_record, authority=authority, min_ek_trust=args.require_ek_trust)
+        enrollment = E.load_enrollment_checked(args.check_record, authority_path=args.enrollment_authority,
+                                               min_ek_trust=args.require_ek_trust)
+    except E.EnrollOptionError as exc:
+        raise Fail(exc.reason) from None
     except E.EnrollError as exc:
         raise Refused(exc.reason) from None
     signature = (f"verified, by {enrollment.signed_by[:16]}…" if enrollment.signature_checked else

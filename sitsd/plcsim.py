@@ -231,23 +231,13 @@ def load_enrollment_arg(args):
     """The checked --enrollment record (attestation.tpm.enroll.Enrollment), or None; SystemExit saying what to fix."""
     if args.enrollment is None:
         return None
-    from attestation.tpm.enroll import EnrollError, ek_trust_requirement_problem, load_enrollment
+    from attestation.tpm.enroll import EnrollError, EnrollOptionError, load_enrollment_checked
 
-    problem = ek_trust_requirement_problem(args.require_ek_trust, args.enrollment_authority,
-                                           option="--require-ek-trust",
-                                           authority_option="--enrollment-authority PUB.pem")
-    if problem is not None:
-        raise SystemExit(f"sitsctl plcsim: {problem}")
-    authority = None
-    if args.enrollment_authority is not None:
-        from attestation.tpm.policy import PolicyError, load_authority_public
-
-        try:
-            authority = load_authority_public(args.enrollment_authority)
-        except PolicyError as exc:
-            raise SystemExit(f"sitsctl plcsim: --enrollment-authority: {exc.reason}") from None
     try:
-        enrollment = load_enrollment(args.enrollment, authority=authority, min_ek_trust=args.require_ek_trust)
+        enrollment = load_enrollment_checked(args.enrollment, authority_path=args.enrollment_authority,
+                                             min_ek_trust=args.require_ek_trust)
+    except EnrollOptionError as exc:
+        raise SystemExit(f"sitsctl plcsim: {exc.reason}") from None
     except EnrollError as exc:
         raise SystemExit(f"sitsctl plcsim: --enrollment: {exc.reason}") from None
     notes = [f"trusting only AK sha256:{enrollment.ak_fingerprint}… (name {enrollment.ak_name[:20]}…) enrolled in "

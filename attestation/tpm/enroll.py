@@ -598,6 +598,35 @@ def ek_trust_requirement_problem(min_ek_trust: str | None, authority, *, option:
             "signed with `sitsctl enroll --verify --signing-key KEY.pem`), or drop the requirement")
 
 
+class EnrollOptionError(EnrollError):
+    """The options given to check an enrollment record do not make sense (a requirement without a key, an
+    unreadable authority key); the record itself was not judged. Code "options"."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason, "options")
+
+
+def load_enrollment_checked(path, *, authority_path=None, min_ek_trust: str | None = None,
+                            ek_trust_option: str = "--require-ek-trust",
+                            authority_option: str = "--enrollment-authority") -> Enrollment:
+    """`load_enrollment` as the command-line tools call it: `authority_path` names the enrolling verifier's public
+    key (PEM) or is None. EnrollOptionError (a subclass of EnrollError) when the options themselves are wrong,
+    named by `ek_trust_option` / `authority_option`; EnrollError code "record" when the record does not check."""
+    from .policy import PolicyError, load_authority_public
+
+    problem = ek_trust_requirement_problem(min_ek_trust, authority_path, option=ek_trust_option,
+                                           authority_option=f"{authority_option} PUB.pem")
+    if problem is not None:
+        raise EnrollOptionError(problem)
+    authority = None
+    if authority_path is not None:
+        try:
+            authority = load_authority_public(authority_path)
+        except PolicyError as exc:
+            raise EnrollOptionError(f"{authority_option}: {exc.reason}") from None
+    return load_enrollment(path, authority=authority, min_ek_trust=min_ek_trust)
+
+
 def _no_duplicate_keys(pairs):
     out = {}
     for key, value in pairs:
