@@ -253,10 +253,9 @@ def test_tampered_forged_and_malformed_records_are_refused_saying_what_and_how(s
 def test_plc_simulator_with_enrollment_over_opc_ua(swtpm, enrolled):
     """The PLC simulator (OPC UA server) given the enrollment: the enrolled AK's credential opens a session, a
     credential of another AK is refused and the refusal names the record."""
-    from asyncua import Client, ua
+    from plc.simulator.server import RollingMillSimulator, SimulatorSettings
 
-    from plc.simulator.server import (COMMAND_NODE, NAMESPACE_URI, SESSION_CREDENTIAL_NODE, SESSION_NONCE_NODE,
-                                      RollingMillSimulator, SimulatorSettings)
+    from .plc_session import session_nodes, write
 
     enrollment = E.load_enrollment(enrolled["path"])
 
@@ -266,18 +265,7 @@ def test_plc_simulator_with_enrollment_over_opc_ua(swtpm, enrolled):
         await sim.start()
         seen = {}
         try:
-            async with Client(sim.endpoint) as client:
-                idx = await client.get_namespace_index(NAMESPACE_URI)
-                nonce_node = client.get_node(ua.NodeId(SESSION_NONCE_NODE, idx))
-                cred_node = client.get_node(ua.NodeId(SESSION_CREDENTIAL_NODE, idx))
-                cmd_node = client.get_node(ua.NodeId(COMMAND_NODE, idx))
-
-                async def write(node, data: bytes) -> bool:
-                    try:
-                        await node.write_value(ua.DataValue(ua.Variant(data, ua.VariantType.ByteString)))
-                        return True
-                    except ua.UaStatusCodeError:
-                        return False
+            async with session_nodes(sim.endpoint) as (nonce_node, cred_node, cmd_node):
 
                 async def bind(ak_handle=None):
                     nonce = bytes(await nonce_node.read_value())

@@ -146,11 +146,10 @@ def test_the_plc_simulator_ends_the_session_when_it_refuses_a_new_credential(swt
     """A PLC that refuses a re-bind's credential (here: its config pin no longer matches what the device measured)
     ends the session it had accepted: the same session key's commands are refused until a credential is accepted
     again (the simulator used to keep the old session)."""
-    from asyncua import Client, ua
-
     from attestation.session import SessionReplayState
-    from plc.simulator.server import (COMMAND_NODE, NAMESPACE_URI, SESSION_CREDENTIAL_NODE, SESSION_NONCE_NODE,
-                                      RollingMillSimulator, SimulatorSettings)
+    from plc.simulator.server import RollingMillSimulator, SimulatorSettings
+
+    from .plc_session import session_nodes, write
 
     from .test_session import MODEL as MEASURED
     from .test_session_measured import CONFIG, started
@@ -170,18 +169,7 @@ def test_the_plc_simulator_ends_the_session_when_it_refuses_a_new_credential(swt
         await sim.start()
         seen: dict = {}
         try:
-            async with Client(sim.endpoint) as client:
-                idx = await client.get_namespace_index(NAMESPACE_URI)
-                nonce_node = client.get_node(ua.NodeId(SESSION_NONCE_NODE, idx))
-                cred_node = client.get_node(ua.NodeId(SESSION_CREDENTIAL_NODE, idx))
-                cmd_node = client.get_node(ua.NodeId(COMMAND_NODE, idx))
-
-                async def write(node, data: bytes) -> bool:
-                    try:
-                        await node.write_value(ua.DataValue(ua.Variant(data, ua.VariantType.ByteString)))
-                        return True
-                    except ua.UaStatusCodeError:
-                        return False
+            async with session_nodes(sim.endpoint) as (nonce_node, cred_node, cmd_node):
 
                 async def rebind() -> bool:
                     nonce = bytes(await nonce_node.read_value())

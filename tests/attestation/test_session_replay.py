@@ -8,14 +8,14 @@ import time
 from pathlib import Path
 
 import pytest
-from asyncua import Client, ua
 
 from attestation.envelope import Command
 from attestation.errors import EnvelopeError
 from attestation.session import (CredentialError, SessionReplayState, SessionVerifier, TpmSessionSigner)
-from plc.simulator.server import (COMMAND_NODE, NAMESPACE_URI, SESSION_CREDENTIAL_NODE, SESSION_NONCE_NODE,
-                                  RollingMillSimulator, SimulatorSettings)
+from plc.simulator.server import RollingMillSimulator, SimulatorSettings
 from sitsd.plcsim import SessionAcceptor
+
+from .plc_session import session_nodes, write
 
 MODEL = hashlib.sha256(b"rolling mill model").digest()
 
@@ -146,18 +146,7 @@ async def _plc_scenario(swtpm, key_file: Path) -> dict:
     await sim.start()
     seen: dict = {}
     try:
-        async with Client(sim.endpoint) as client:  # security none: any client may write SessionCredential
-            idx = await client.get_namespace_index(NAMESPACE_URI)
-            nonce_node = client.get_node(ua.NodeId(SESSION_NONCE_NODE, idx))
-            cred_node = client.get_node(ua.NodeId(SESSION_CREDENTIAL_NODE, idx))
-            cmd_node = client.get_node(ua.NodeId(COMMAND_NODE, idx))
-
-            async def write(node, data: bytes) -> bool:
-                try:
-                    await node.write_value(ua.DataValue(ua.Variant(data, ua.VariantType.ByteString)))
-                    return True
-                except ua.UaStatusCodeError:
-                    return False
+        async with session_nodes(sim.endpoint) as (nonce_node, cred_node, cmd_node):  # security none: any client may write SessionCredential
 
             async def bind() -> bytes:
                 nonce = await nonce_node.read_value()
