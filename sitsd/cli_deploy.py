@@ -326,7 +326,7 @@ def _enrollment(args, cfg, mode):
     record is then "enrolled-unverified": a warning says so). Fail when a record is given or installed but does
     not check, or when an authority is configured and there is no record: a damaged or missing pin must never
     fall back to trust on first use."""
-    from attestation.tpm.enroll import DEFAULT_RECORD_NAME, EnrollError, load_enrollment
+    from attestation.tpm.enroll import DEFAULT_RECORD_NAME, EnrollError, EnrollOptionError, load_enrollment_checked
 
     configured = cfg.attestation.enrollment_authority if mode == "tpm2" else None
     authority_path, authority_option = ((args.enrollment_authority, "--enrollment-authority")
@@ -348,16 +348,10 @@ def _enrollment(args, cfg, mode):
     elif mode != "tpm2":
         raise Fail(f"--enrollment pins the TPM's attestation key, and --attestation-mode {mode} quotes with none: "
                    "deploy with --attestation-mode tpm2, or leave --enrollment out")
-    authority = None
-    if authority_path is not None:
-        from attestation.tpm.policy import PolicyError, load_authority_public
-
-        try:
-            authority = load_authority_public(authority_path)
-        except PolicyError as exc:
-            raise Fail(f"{authority_option}: {exc.reason}") from None
     try:
-        return load_enrollment(path, authority=authority)
+        return load_enrollment_checked(path, authority_path=authority_path, authority_option=authority_option)
+    except EnrollOptionError as exc:
+        raise Fail(exc.reason) from None
     except EnrollError as exc:
         if args.enrollment is None:  # the installed default: say how to get past a stale or old record
             raise Fail(f"{exc.reason} (this is the default record of <audit.directory>: remove or replace {path}, "
