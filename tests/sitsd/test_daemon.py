@@ -180,7 +180,7 @@ def test_kill_9_loses_no_acknowledged_record_and_the_restart_resumes_the_chain(p
     import signal
     import time
 
-    from sitsd.audit import read_records, verify_directory
+    from sitsd.audit import _digest, read_records, verify_directory
     from sitsd.control import request
 
     audit = tmp_path / "audit"
@@ -200,11 +200,24 @@ def test_kill_9_loses_no_acknowledged_record_and_the_restart_resumes_the_chain(p
     (tmp_path / "device.pem").write_bytes(key.public_key_pem())
     key.close()
     endpoint, udp_url, sim = plcsim(tmp_path / "device.pem")
+    def plc_stats() -> dict:
+        sim.stdin.write("stats\n")
+        sim.stdin.flush()
+        return json.loads(sim.stdout.readline())["stats"]
+
     first = start("first.log")
     time.sleep(1.5)
-    acknowledged = request(control, "status")["counters"]["commands"]
+    status = request(control, "status")
+    acknowledged, durable = status["counters"]["commands"], status["audit_durable"]
+    assert durable["records"] and durable["seq"], durable  # audit.fsync interval: fsynced within about a second
+    running = plc_stats()
     first.send_signal(signal.SIGKILL)
     first.wait(10)
+    before = plc_stats()
+    time.sleep(0.5)  # commands stopped: the PLC's watchdog (100 ms) puts the stand on its safe setpoint
+    stopped = plc_stats()
+    assert stopped["fallbacks"] > running["fallbacks"], (running, stopped)
+    assert stopped["accepted"] == before["accepted"]
     second = start("second.log")  # same TPM key: its sequence numbers must continue above the first's
     time.sleep(1.0)
     second.send_signal(signal.SIGTERM)
@@ -212,12 +225,14 @@ def test_kill_9_loses_no_acknowledged_record_and_the_restart_resumes_the_chain(p
     segments = verify_directory(audit)  # chain intact across the crash
     assert len(segments) == 2
     first_records = read_records(segments[0][0])
-    assert len([r for r in first_records if r["outcome"] == "acknowledged"]) >= acknowledged
-    sim.stdin.write("stats\n")
-    sim.stdin.flush()
-    stats = json.loads(sim.stdout.readline())["stats"]
+    acked = [r for r in first_records if r["outcome"] == "acknowledged"]
+    assert len(acked) >= acknowledged
+    # what the daemon had declared durable before the kill is there, under the hash it reported
+    assert durable["seq"] in {r["seq"] for r in acked}
+    assert durable["hash"] in {_digest(r) for r in acked}
+    stats = plc_stats()
     assert stats["rejected"] == 0  # the restarted daemon was not taken for a replay
-    assert stats["accepted"] >= len(first_records) + 50
+    assert stats["accepted"] >= len(first_records) + 50  # the restart brought the line back, no operator
 
 
 def test_tpm_lost_mid_run_then_back(plcsim, tmp_path):
