@@ -11,7 +11,10 @@ inherit pypi python_hatchling
 
 SRC_URI[sha256sum] = "d741f5e21f189ac0a45b8dda13539c2d49d8d992b9b62d2758efe1bfd3d1454c"
 
-RDEPENDS:${PN} = "python3-aiosqlite python3-cryptography python3-dateutil python3-pytz \
+# The wheel's Requires-Dist (tests/yocto/test_requires_dist.py compares them): anyio is imported when the package
+# is (asyncua.crypto.uacrypto); wait-for2 is required only below Python 3.12 (asyncua.common.utils imports it
+# lazily there), kept so that a layer carrying an older Python still works.
+RDEPENDS:${PN} = "python3-aiosqlite python3-anyio python3-cryptography python3-dateutil python3-pytz \
                   python3-sortedcontainers python3-typing-extensions python3-wait-for2"
 
 BBCLASSEXTEND = "native nativesdk"

@@ -64,23 +64,47 @@ CONFFILES:${PN} = "${sysconfdir}/sits2026/sitsd.yaml ${sysconfdir}/sits2026/appr
 # e2fsprogs-e2fsck: var-lib-sitsd.mount has systemd-fsck check the partition before mounting it.
 RDEPENDS:${PN}-datapart = "e2fsprogs-e2fsck"
 
-# onnxruntime, onnx and ml-dtypes come from this layer (prebuilt wheels). python3-packaging: sitsctl
-# compile --quantization int8 imports onnxruntime.quantization, which imports packaging.
+# onnxruntime, onnx, ml-dtypes and py-ecc come from this layer (the first three as prebuilt wheels).
+# python3-packaging: sitsctl compile --quantization int8 imports onnxruntime.quantization, which imports packaging.
+# python3-py-ecc: the BN254 pairing of the Groth16 verifier where mclbn256 is missing (it is not packaged: every
+# aarch64 and x86_64 image), and vk.json's vk_alphabeta_12 when the daemon makes a development proving key.
+# The wheel's Requires-Dist are checked against this list by tests/yocto/test_requires_dist.py (mclbn256, an
+# optional x86_64 backend, is left out on purpose).
+# Among them, CPython's standard library as openembedded-core splits it (python3-manifest.json): python3-asyncio,
+# -crypt, -ctypes, -datetime, -email, -io, -json, -logging, -math, -multiprocessing, -netclient, -numbers,
+# -statistics, -stringold and -threading each hold a module sitsd, attestation, ep or plc imports (multiprocessing:
+# the hot swap's pipe and the prover processes; statistics: imported by sitsd.daemon); the same test checks
+# them against the sources.
 RDEPENDS:${PN} = "\
     python3-asyncio \
     python3-asyncua \
     python3-cbor2 \
+    python3-crypt \
     python3-cryptography \
+    python3-ctypes \
+    python3-datetime \
+    python3-email \
     python3-gmpy2 \
+    python3-io \
+    python3-json \
+    python3-logging \
+    python3-math \
     python3-ml-dtypes \
+    python3-multiprocessing \
+    python3-netclient \
+    python3-numbers \
     python3-numpy \
     python3-onnx \
     python3-onnxruntime \
     python3-packaging \
     python3-prometheus-client \
+    python3-py-ecc \
     python3-pydantic \
     python3-pyyaml \
+    python3-statistics \
+    python3-stringold \
     python3-structlog \
+    python3-threading \
     python3-tpm2-pytss \
     python3-wasmtime \
     python3-z3 \
