@@ -18,8 +18,9 @@ from .msm import lift_points, msm
 
 
 def _bn():
-    """py_ecc, imported when the reference path runs: the prover and the mcl verifier do not need it,
-    so a device that only proves does not carry it (see yocto/meta-sits/README.md)."""
+    """py_ecc, imported when the reference path runs (the prover and the mcl verifier do not need it). The
+    image carries it all the same: it is the verifier where mclbn256 is missing, and the daemon's key setup
+    writes vk.json through it (yocto/meta-sits/README.md)."""
     from py_ecc import optimized_bn128
 
     return optimized_bn128

@@ -123,7 +123,7 @@ _FFJS_PAIRING_POWER = 2 * _BN_X * (6 * _BN_X * _BN_X + 3 * _BN_X + 1) % R
 
 
 def vk_to_json(vk: VerifyingKey) -> dict:
-    from py_ecc import optimized_bn128 as bn  # only for writing vk_alphabeta_12 (tools, not the device)
+    from py_ecc import optimized_bn128 as bn  # only for writing vk_alphabeta_12 (zk-setup, and the daemon's key setup)
 
     ab = bn.pairing((bn.FQ2(list(vk.beta2[0])), bn.FQ2(list(vk.beta2[1])), bn.FQ2.one()),
                     (bn.FQ(vk.alpha1[0]), bn.FQ(vk.alpha1[1]), bn.FQ.one())) ** _FFJS_PAIRING_POWER if vk.alpha1 and vk.beta2 else bn.FQ12.one()
