@@ -182,6 +182,38 @@ def test_trap_right_after_a_swap_rolls_back_automatically(host, tmp_path):
     assert first.first_frame == 3 and rec["generation"] == 1
 
 
+def test_a_version_that_sends_mostly_fail_safes_after_a_swap_rolls_back(host, tmp_path):
+    """The health watch's fail-safe rate: a post module that passes its golden vectors and never traps, but whose
+    every command the envelope (on_violation: failsafe) must replace, is rolled back once more than half of at
+    least 20 frames after the swap got the fail-safe; the version before it runs again."""
+    from sitsd.gates import SafetyEnvelope
+
+    loop, sent, verifier = build_without_rate_limits()
+    cfg = load_config(EXAMPLE_CONFIG)
+    loop.safety = SafetyEnvelope([a.model_copy(update={"on_violation": "failsafe"}) for a in cfg.safety.actuators],
+                                 cfg.model.outputs)
+    hs = with_modules(loop, host)
+    first = loop.stage_set
+    bad_post = MISBEHAVE.with_name("off_by_one_mm.wat")
+    shutil.copy(bad_post, tmp_path / "post_command.wat")
+    shutil.copy(bad_post.with_name("off_by_one_mm.golden.json"), tmp_path / "post_command.golden.json")
+    hs.update_module(tmp_path / "post_command.wat")
+    swapped = loop.stage_set
+    assert swapped is not first
+    for seq in range(1, 20):
+        loop.step(frame(seq))
+        assert verifier.verify(sent[-1].envelope).command.failsafe
+        assert hs.check_health() is None  # fewer than 20 frames: not judged yet
+    loop.step(frame(20))
+    assert swapped.traps == 0 and loop.alerts[-1][1] == "safety"  # no trap: the envelope refused the command
+    back = hs.check_health()
+    assert back is not None and back["action"] == "rollback", back
+    assert "fail-safe rate 20/20 frames after the swap" in back["reason"]
+    assert loop.stage_set is first and loop.alerts[-1][1] == "rollback"
+    loop.step(frame(21))
+    assert not verifier.verify(sent[-1].envelope).command.failsafe
+
+
 def test_operator_rollback_of_one_module_and_refusals(host, tmp_path):
     loop, sent, _ = build()
     hs = with_modules(loop, host)
