@@ -22,10 +22,10 @@ import struct
 import time
 from dataclasses import dataclass
 
-from .errors import TransportError
+from .errors import TransportError, UadpDecodeError
 from .frame import Frame
 from .socket_source import UadpSocketSource, count_send_error
-from .uadp import FixedLayout, RawDoubleLayout
+from .uadp import ETHERNET_MIN_PAYLOAD, FixedLayout, RawDoubleLayout, unpadded_length
 from .timestamps import (RX_TIMESTAMPING_FLAGS, SO_TIMESTAMPING, TAI_UTC_OFFSET_S, enable_hardware_rx_stamps,
                          phc_utc_offset_ns, rx_stamp_from_cmsg)
 
@@ -42,7 +42,6 @@ _AUXDATA = struct.Struct("<IIIHHHH")  # struct tpacket_auxdata
 SO_TXTIME = 61  # also the cmsg type SCM_TXTIME
 SOF_TXTIME_REPORT_ERRORS = 1 << 1
 _LAUNCH_QDISCS = ("etf", "taprio")  # qdiscs that hold a frame until its CLOCK_TAI launch time
-_MIN_PAYLOAD = 46  # shorter Ethernet payloads are zero-padded on the wire
 
 
 @dataclass(frozen=True)
@@ -114,6 +113,7 @@ class EthFrameSource(UadpSocketSource):
         super().__init__(sock, layout, publisher_id, writer_id, buffer_size=9216, where=f"{url} on {interface}",
                          writer_group_id=writer_group_id)
         self.last_vid = -1
+        self._wire_payload: memoryview | None = None  # the frame being decoded, when it may carry padding
         if hardware_stamps:
             self.hw_stamps = enable_hardware_rx_stamps(interface)
 
@@ -177,12 +177,32 @@ class EthFrameSource(UadpSocketSource):
                     if status & TP_STATUS_VLAN_VALID:
                         tci = vlan_tci
             payload = buf[start:nbytes]
-            if len(payload) > self.layout.size and len(payload) <= _MIN_PAYLOAD:
-                payload = payload[:self.layout.size]  # minimum-size frame: the rest is padding
+            # Ethernet padding. A payload of at most 46 bytes may be padded (the frame was the 60-byte minimum,
+            # or 56 seen here when the kernel took its 802.1Q tag out): its true length is not on the wire.
+            # The fast path knows its layout's size and reads just that; a message it refuses is measured by
+            # `_fallback` from its own structure. Longer payloads are never padded and stay exact.
+            self._wire_payload = payload if len(payload) <= ETHERNET_MIN_PAYLOAD else None
+            if self._wire_payload is not None and len(payload) > self.layout.size:
+                payload = payload[:self.layout.size]
             frame = self._frame(payload, rx_ns, source, tci >> 13 if tci >= 0 else -1)
             if frame is not None:
                 self.last_vid = tci & 0x0FFF if tci >= 0 else -1
                 return frame
+
+    def _fallback(self, payload, refused: UadpDecodeError, rx_ns: int, source, vlan_pcp: int) -> Frame | None:
+        """A message the fast path refused. From a minimum-size frame, the general decoder gets the message
+        without its padding, wherever the message really ends (not the layout's size): `unpadded_length`
+        finds the end from the Sizes array, or where the single DataSetMessage's fields end, and accepts
+        only zero bytes after it. Such a frame is decoded twice (measured, then read), which a message of
+        at most 46 bytes affords. A payload that does not parse even so goes on whole, and the base class
+        counts it as foreign or malformed as usual."""
+        wire = self._wire_payload
+        if wire is not None:
+            try:
+                payload = wire[:unpadded_length(wire, self._raw_types)]
+            except UadpDecodeError:
+                payload = wire
+        return super()._fallback(payload, refused, rx_ns, source, vlan_pcp)
 
 
 def qdisc_kinds(interface: str) -> list[str]:

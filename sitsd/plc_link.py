@@ -147,22 +147,26 @@ class PlcLink:
             raise StartupError(f"cannot connect to the PLC at {p.endpoint}: {exc or type(exc).__name__}\n"
                                f"  fix: check plc.endpoint and that the PLC's OPC UA server is running") from exc
         try:
-            node = client.get_node(await resolve_node(client, p.node_id(p.command_node), "plc.command_node"))
+            # vendor addresses (S7 `DB_AGC.RollGapCommand`, Logix `Program:AGC.Gap`, MELSEC `D1000`) go through the
+            # profile's parser (PlcSection.node_id); errors name the address as written and the NodeId it became
+            command_id = p.node_id(p.command_node)
+            command = _shown(p.command_node, command_id)
+            node = client.get_node(await resolve_node(client, command_id, "plc.command_node"))
             owner = None
             try:
                 if p.command_mode == "method":
                     owner = client.get_node(await resolve_node(client, p.node_id(p.command_object),
                                                                      "plc.command_object"))
                     if await node.read_node_class() != ua.NodeClass.Method:
-                        raise StartupError(f"plc.command_node {p.command_node}: is not a Method node "
+                        raise StartupError(f"plc.command_node {command}: is not a Method node "
                                            f"(command_mode: method)")
                 else:
                     vtype = await node.read_data_type_as_variant_type()
                     if vtype != ua.VariantType.ByteString:
-                        raise StartupError(f"plc.command_node {p.command_node}: is {vtype.name}, expected "
+                        raise StartupError(f"plc.command_node {command}: is {vtype.name}, expected "
                                            f"ByteString (the command envelope)")
             except ua.UaStatusCodeError as exc:
-                raise StartupError(f"plc.command_node {p.command_node}: not found on the PLC ({exc})") from exc
+                raise StartupError(f"plc.command_node {command}: not found on the PLC ({exc})") from exc
             if hasattr(self.signer, "bind"):
                 await self._bind_session(client)
             if p.status_node or p.diagnostic_node:
@@ -417,6 +421,11 @@ async def _close_client(client: Client) -> None:
             client.disconnect_socket()
         except Exception:
             pass
+
+
+def _shown(address: str, node_id: str) -> str:
+    """An address for messages: as configured, and the NodeId a vendor profile made of it."""
+    return address if address == node_id else f"{address} ({node_id})"
 
 
 async def resolve_node(client: Client, text: str, field: str) -> ua.NodeId:

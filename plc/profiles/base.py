@@ -17,6 +17,9 @@ from .errors import ProfileError
 from .events import PlcEvent
 
 AddressKind = Literal["bit", "word", "tag"]
+# The rolling-mill simulator's variables are RollingMill.<name> in its own namespace (plc.simulator.server);
+# a vendor profile's `simulator_tags` says where that controller holds each <name> instead.
+SIMULATOR_PREFIX = "RollingMill."
 ADDRESS_KINDS: tuple[str, ...] = ("bit", "word", "tag")
 
 
@@ -47,7 +50,12 @@ class PlcProfile(Protocol):
         """OPC UA NodeId string -> Address; raises ProfileError."""
 
     def node_id_for(self, signal_name: str) -> str:
-        """NodeId string under which this vendor's server exposes `signal_name`."""
+        """NodeId string under which this vendor's server exposes `signal_name`: a simulator variable name
+        (`exit_thickness`, `RollGapCommand`, with or without `RollingMill.`) through `simulator_tags`, any
+        other text as a vendor address."""
+
+    def simulator_tags(self) -> dict[str, str]:
+        """Simulator variable name -> this vendor's address text (empty: the simulator's own names)."""
 
     def decode_status(self, word: int, timestamp_ns: int = 0) -> tuple[PlcEvent, ...]:
         """Controller status/mode word -> events; unknown values become UNKNOWN events."""
@@ -165,7 +173,15 @@ class ProfileBase:
         return address.text
 
     def node_id_for(self, signal_name: str) -> str:
-        return self.parse(signal_name).node_id
+        """A simulator variable name goes through the data file's `simulator_tags` (the tag layout a plant
+        set up on this controller), anything else is parsed as this vendor's address. The mapping wins for
+        its few names (a tag literally called `Status` is still reachable as a NodeId or via `parse`)."""
+        name = signal_name[len(SIMULATOR_PREFIX):] if signal_name.startswith(SIMULATOR_PREFIX) else signal_name
+        address = self.simulator_tags().get(name)
+        return self.parse(address if address is not None else signal_name).node_id
+
+    def simulator_tags(self) -> dict[str, str]:
+        return {k: v for k, v in self.data.get("simulator_tags", {}).items() if not k.startswith("_")}
 
     def _prefixed_node_id(self, node_id: str, namespace_index: int, node_prefix: str, what: str) -> Cursor:
         """For `ns=<index>;s=<prefix><address>` NodeIds: check namespace and prefix, return a cursor at the

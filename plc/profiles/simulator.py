@@ -5,13 +5,13 @@ is valid and maps to `nsu=urn:sits2026:plc-simulator;s=RollingMill.<name>`.
 """
 from __future__ import annotations
 
-from .base import Address, ProfileBase, format_node_id, split_node_id
+from .base import SIMULATOR_PREFIX, Address, ProfileBase, format_node_id, split_node_id
 from .events import PlcEvent, unknown_event
 
 # Same value as plc.simulator.server.NAMESPACE_URI; not imported, because that module pulls in the
 # whole asyncua server stack and a profile must stay importable without it (a test pins the two).
 NAMESPACE_URI = "urn:sits2026:plc-simulator"
-NODE_PREFIX = "RollingMill."
+NODE_PREFIX = SIMULATOR_PREFIX
 _EXAMPLE = "roll_gap"
 
 
@@ -45,6 +45,9 @@ class SimulatorProfile(ProfileBase):
         if not identifier.startswith(NODE_PREFIX):
             raise fail(f"simulator variables live under {NODE_PREFIX!r}", offset)
         return self._address(identifier[len(NODE_PREFIX):], node_id, offset + len(NODE_PREFIX))
+
+    def simulator_tags(self) -> dict[str, str]:
+        return {}  # the simulator's own names: node_id_for passes them through `parse`
 
     def decode_status(self, word: int, timestamp_ns: int = 0) -> tuple[PlcEvent, ...]:
         return (unknown_event(self.prefix, self.vendor, word if isinstance(word, (int, str)) else repr(word),

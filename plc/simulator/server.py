@@ -7,6 +7,14 @@ verifier (signature, model hash, sequence) before it touches the physics; a reje
 gets a Bad status and is counted. Without a valid command for `command_timeout_s` the stand
 falls back to its safe setpoint (nominal gap). A twin stand sees the same disturbances with
 no commands at all, which gives the open-loop reference error of the same run.
+
+Emulating a vendor profile (`SimulatorSettings.profile`), the server also holds every variable of the
+profile's `simulator_tags` at the NodeId that profile gives it (`node_id_for`), in the vendor's namespace
+at the profile's namespace index (S7-1500: `ns=3;s="DB_Line"."Thickness"`, ControlLogix:
+`ns=2;s=[PLC]Program:Mill.ExitThickness`, MELSEC iQ-R: `ns=2;s=D104`), as the real controller's OPC UA
+server would. They are twins of the `RollingMill.*` variables, which stay where they were: the same
+values, and writes to a vendor command or credential node go through the same checks. The simulator's
+own namespace then moves to the next free index (clients look it up by URI, `nsu=`).
 """
 from __future__ import annotations
 
@@ -47,6 +55,8 @@ SESSION_NONCE_NODE = "RollingMill.SessionNonce"
 SESSION_CREDENTIAL_NODE = "RollingMill.SessionCredential"
 DIAGNOSTIC_NODE = "RollingMill.Diagnostic"
 MILL_OBJECT = "RollingMill"
+# a vendor namespace whose URI the profile does not know (gateways and modules name their own): ours, per profile
+VENDOR_NAMESPACE_URI = NAMESPACE_URI + ":{profile}"
 
 # verify(envelope bytes) -> (sequence, values, failsafe); raises with a reason on rejection.
 CommandVerifier = Callable[[bytes], tuple[int, Sequence[float], bool]]
@@ -134,6 +144,8 @@ class RollingMillSimulator:
         self.endpoint = ""
         self._frame_node = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._twins: dict[ua.NodeId, list] = {}  # a RollingMill variable -> its twins at vendor addresses (start)
+        self.vendor_node_ids: dict[str, str] = {}  # simulator variable name -> the vendor NodeId text it also has
 
     # -- OPC UA side -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -146,7 +158,8 @@ class RollingMillSimulator:
             server.set_security_policy([ua.SecurityPolicyType.NoSecurity])
         else:
             await self._secure(server)
-        idx = await server.register_namespace(NAMESPACE_URI)
+        profile = get_profile(self.s.profile)
+        idx, vendor_idx = await _register_namespaces(server, profile)
         mill = await server.nodes.objects.add_object(ua.NodeId("RollingMill", idx), "RollingMill")
         self._signal_nodes = []
         for name in SIGNALS:
@@ -169,12 +182,48 @@ class RollingMillSimulator:
         self._status_node = await mill.add_variable(ua.NodeId(STATUS_NODE, idx), "Status", 0, ua.VariantType.UInt32)
         self._diagnostic_node = await mill.add_variable(ua.NodeId(DIAGNOSTIC_NODE, idx), "Diagnostic", "",
                                                         ua.VariantType.String)
+        if vendor_idx is not None:
+            await self._add_vendor_nodes(server, profile, vendor_idx, {
+                **{name: node for name, node in zip(SIGNALS, self._signal_nodes)},
+                "SensorFrame": self._frame_node, "RollGapCommand": cmd, "SessionNonce": nonce,
+                "SessionCredential": credential, "Status": self._status_node, "Diagnostic": self._diagnostic_node})
         await server.start()
         self.server = server
         self.endpoint = f"opc.tcp://{self.s.host}:{server.bserver.port}/sits/plcsim"
         self.namespace_index = idx
         self._loop = asyncio.get_running_loop()
         self._vendor_task = self._loop.create_task(self._emulate_vendor())
+
+    async def _add_vendor_nodes(self, server: Server, profile, vendor_idx: int, originals: dict) -> None:
+        """The profile's `simulator_tags`, each a twin of the RollingMill variable of that name: same type and
+        value; command and credential writes and nonce reads answered by the same handlers."""
+        folder = await server.nodes.objects.add_folder(ua.NodeId(1, vendor_idx), f"{profile.name} tags")
+        uri = (await server.get_namespace_array())[vendor_idx]
+        for name, address in profile.simulator_tags().items():
+            original = originals.get(name)
+            if original is None:
+                raise ValueError(f"profile {profile.name}: simulator_tags names {name!r}, which the simulator does not "
+                                 f"have; it has {', '.join(originals)}")
+            node_id = _node_id(profile.node_id_for(name), uri, vendor_idx)
+            value = await original.read_data_value()
+            twin = await folder.add_variable(node_id, ua.QualifiedName(profile.parse(address).text, vendor_idx),
+                                             value.Value.Value, value.Value.VariantType)
+            if name == "RollGapCommand":
+                await twin.set_writable()
+                server.set_attribute_value_setter(twin.nodeid, self._on_command_write)
+            elif name == "SessionCredential":
+                await twin.set_writable()
+                server.set_attribute_value_setter(twin.nodeid, self._on_credential_write)
+            elif name == "SessionNonce":
+                server.set_attribute_value_callback(twin.nodeid, self._read_nonce)
+            self._twins.setdefault(original.nodeid, []).append(twin)
+            self.vendor_node_ids[name] = node_id.to_string()
+
+    async def _write_value(self, node, value: ua.Variant) -> None:
+        """A RollingMill variable and its vendor twins."""
+        await node.write_value(value)
+        for twin in self._twins.get(node.nodeid, ()):
+            await twin.write_value(value)
 
     async def _emulate_vendor(self, period_s: float = 1.0) -> None:
         """Cycle through the profile's example status words and diagnostic texts, as its controllers show them."""
@@ -183,9 +232,10 @@ class RollingMillSimulator:
         i = 0
         while self.server is not None and (statuses or texts):
             if statuses:
-                await self._status_node.write_value(ua.Variant(statuses[i % len(statuses)], ua.VariantType.UInt32))
+                status = ua.Variant(statuses[i % len(statuses)], ua.VariantType.UInt32)
+                await self._write_value(self._status_node, status)
             if texts:
-                await self._diagnostic_node.write_value(ua.Variant(texts[i % len(texts)], ua.VariantType.String))
+                await self._write_value(self._diagnostic_node, ua.Variant(texts[i % len(texts)], ua.VariantType.String))
             i += 1
             await asyncio.sleep(period_s)
 
@@ -391,8 +441,8 @@ class RollingMillSimulator:
     def _report_fault(self, text: str, word: int) -> None:
         """plc_fault: the controller shows its vendor's diagnostic text and status word."""
         if self.server is not None:
-            self._loop.create_task(self._diagnostic_node.write_value(ua.Variant(text, ua.VariantType.String)))
-            self._loop.create_task(self._status_node.write_value(ua.Variant(word, ua.VariantType.UInt32)))
+            self._loop.create_task(self._write_value(self._diagnostic_node, ua.Variant(text, ua.VariantType.String)))
+            self._loop.create_task(self._write_value(self._status_node, ua.Variant(word, ua.VariantType.UInt32)))
 
     def _publish_opcua(self, values: list[float], sent_ns: int, with_signals: bool) -> None:
         if self.server is None:
@@ -400,12 +450,14 @@ class RollingMillSimulator:
         stamp = _EPOCH + timedelta(microseconds=sent_ns // 1000)
         dv = ua.DataValue(ua.Variant(values, ua.VariantType.Double), SourceTimestamp=stamp,
                           ServerTimestamp=stamp)
-        self._loop.create_task(self.server.write_attribute_value(self._frame_node.nodeid, dv))
+        for node in (self._frame_node, *self._twins.get(self._frame_node.nodeid, ())):
+            self._loop.create_task(self.server.write_attribute_value(node.nodeid, dv))
         if not with_signals:
             return
         for node, v in zip(self._signal_nodes, values):
-            self._loop.create_task(self.server.write_attribute_value(
-                node.nodeid, ua.DataValue(ua.Variant(v, ua.VariantType.Double))))
+            dv = ua.DataValue(ua.Variant(v, ua.VariantType.Double))
+            for target in (node, *self._twins.get(node.nodeid, ())):
+                self._loop.create_task(self.server.write_attribute_value(target.nodeid, dv))
 
     def stop(self) -> None:
         self._stop.set()
@@ -439,3 +491,42 @@ class RollingMillSimulator:
                 "thickness_error_um": {"closed_loop": self._err_closed / n * 1000.0,
                                        "open_loop": self._err_open / n * 1000.0},
             }
+
+
+async def _register_namespaces(server: Server, profile) -> tuple[int, int | None]:
+    """Register the simulator's namespace and, for a vendor profile with `simulator_tags`, the vendor's at the
+    profile's namespace index (the index a real controller's server uses, which that profile's NodeIds name).
+    Returns (simulator index, vendor index or None). Indexes below the vendor's that neither takes get a
+    placeholder namespace, so the vendor's lands where the profile expects it."""
+    if not profile.simulator_tags():
+        return await server.register_namespace(NAMESPACE_URI), None
+    want = profile.namespace_index
+    uri = getattr(profile, "namespace_uri", None) or VENDOR_NAMESPACE_URI.format(profile=profile.name)
+    taken = await server.get_namespace_array()
+    if want < len(taken):
+        raise ValueError(f"profile {profile.name}: namespace index {want} is the server's own ({taken[want]}); "
+                         f"a vendor namespace needs index {len(taken)} or higher")
+    sim_idx = None
+    while (n := len(await server.get_namespace_array())) <= want:
+        if n == want:
+            await server.register_namespace(uri)
+        elif sim_idx is None:
+            sim_idx = await server.register_namespace(NAMESPACE_URI)
+        else:
+            await server.register_namespace(f"{NAMESPACE_URI}:unused:{n}")
+    if sim_idx is None:
+        sim_idx = await server.register_namespace(NAMESPACE_URI)
+    return sim_idx, want
+
+
+def _node_id(text: str, uri: str, idx: int) -> ua.NodeId:
+    """A profile's NodeId text (`ns=<i>;...` or `nsu=<vendor uri>;...`) as a NodeId in the vendor namespace."""
+    if text.startswith("nsu="):
+        named, rest = text[4:].split(";", 1)
+        if named != uri:
+            raise ValueError(f"{text}: namespace {named!r} is not the vendor namespace {uri!r}")
+        text = f"ns={idx};{rest}"
+    node_id = ua.NodeId.from_string(text)
+    if node_id.NamespaceIndex != idx:
+        raise ValueError(f"{text}: not in the vendor namespace (index {idx})")
+    return node_id

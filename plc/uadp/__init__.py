@@ -4,7 +4,7 @@
 DataSetMessage NetworkMessage (no security, chunking or discovery) with `NetworkMessage` values.
 """
 from ..errors import UadpDecodeError
-from .decode import decode
+from .decode import ETHERNET_MIN_PAYLOAD, decode, unpadded_length
 from .encode import encode
 from .fixed import (DATASET_FLAGS1, DATASET_FLAGS2, EXT_FLAGS1, GROUP_FLAGS, UADP_FLAGS, UADP_VERSION,
                     VARIANT_DOUBLE, FixedLayout, RawDoubleLayout, UadpMessage, compile_layout,
@@ -18,6 +18,6 @@ __all__ = [
     "UADP_VERSION", "UADP_FLAGS", "EXT_FLAGS1", "GROUP_FLAGS", "DATASET_FLAGS1", "DATASET_FLAGS2", "VARIANT_DOUBLE",
     # general codec
     "encode", "decode", "NetworkMessage", "DataSetMessage", "PublisherIdType", "FieldEncoding",
-    "DataSetMessageType", "RAW_FORMATS", "MAX_NESTING", "MAX_ARRAY_RANK",
+    "DataSetMessageType", "unpadded_length", "ETHERNET_MIN_PAYLOAD", "RAW_FORMATS", "MAX_NESTING", "MAX_ARRAY_RANK",
     "UadpDecodeError",
 ]

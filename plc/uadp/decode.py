@@ -1,6 +1,22 @@
 """General UADP NetworkMessage decoder (OPC 10000-14 §7.2.4, Annex A).
 
 Every malformed input raises UadpDecodeError(reason, offset); no other exception escapes `decode`.
+
+Ethernet padding: a frame is at least 60 bytes before the FCS, so an Ethernet payload shorter than 46
+bytes arrives padded (42 bytes and up when an 802.1Q tag was part of the minimum-size frame). The frame
+does not say how long the UADP message in it was, but a UADP message does: a NetworkMessage with a
+Sizes array says how long its DataSetMessages are, and one with a single DataSetMessage ends where
+that message's last field ends. RawData fields carry no tags, so there the configured field types say
+where the message ends: without types a RawData key frame runs to the end of the data, padding
+included, and a publisher that sends fewer RawData fields than configured into a minimum-size frame
+gets padding read as zero values (a config mismatch the wire cannot show; UDP would refuse it for
+length). Variant and DataValue fields and keep-alives are self-delimiting and have no such ambiguity.
+
+`decode(..., padded=True)` and `unpadded_length` are for payloads of at most ETHERNET_MIN_PAYLOAD
+bytes from raw Ethernet only. After the message ends the rest must be zero bytes (what Linux and NIC
+auto-padding write; 802.3 leaves the pad's content open, but a non-zero byte more likely means a
+malformed message than a stale pad), anything else is still an error. UDP datagrams and longer frames
+carry their exact length and are decoded strictly.
 """
 from __future__ import annotations
 
@@ -24,6 +40,8 @@ _U16, _U32, _U64, _I32, _I64 = (struct.Struct(f) for f in ("<H", "<I", "<Q", "<i
 _PUBLISHER_ID = {PublisherIdType.BYTE: struct.Struct("<B"), PublisherIdType.UINT16: _U16,
                  PublisherIdType.UINT32: _U32, PublisherIdType.UINT64: _U64}
 
+
+ETHERNET_MIN_PAYLOAD = 46  # shorter Ethernet payloads are padded on the wire (60-byte frame without FCS)
 
 _KINDS, _ENCODINGS = tuple(DataSetMessageType), tuple(FieldEncoding)  # indexable by the wire value
 
@@ -65,7 +83,8 @@ class _Reader:
         return self.data[p:p + n]
 
 
-def decode(data: bytes | bytearray | memoryview, field_types: FieldTypes | None = None) -> NetworkMessage:
+def decode(data: bytes | bytearray | memoryview, field_types: FieldTypes | None = None, *,
+           padded: bool = False) -> NetworkMessage:
     """Decode one UADP NetworkMessage with DataSetMessage payload.
 
     `field_types` describes RawData fields, which carry no type tags: one sequence for every
@@ -73,7 +92,23 @@ def decode(data: bytes | bytearray | memoryview, field_types: FieldTypes | None 
     types a RawData key frame keeps its payload in `DataSetMessage.raw` and a RawData delta frame
     is an error. Timestamps stay DateTime ticks (exact round trip); Variant/DataValue bodies come
     from asyncua's binary codec.
+
+    `padded`: `data` is the payload of a minimum-size Ethernet frame (at most ETHERNET_MIN_PAYLOAD
+    bytes): zero bytes after the message's end are padding, not trailing garbage (see the module doc).
     """
+    return _decode(data, field_types, padded)[0]
+
+
+def unpadded_length(data: bytes | bytearray | memoryview, field_types: FieldTypes | None = None) -> int:
+    """How many bytes of a minimum-size Ethernet payload (at most ETHERNET_MIN_PAYLOAD bytes) the UADP
+    NetworkMessage takes; the rest is zero padding. Raises UadpDecodeError as `decode(padded=True)` does."""
+    return _decode(data, field_types, True)[1]
+
+
+def _decode(data, field_types, padded: bool) -> tuple[NetworkMessage, int]:
+    if padded and len(data) > ETHERNET_MIN_PAYLOAD:
+        raise ValueError(f"padded=True is for Ethernet payloads of at most {ETHERNET_MIN_PAYLOAD} bytes, this one "
+                         f"has {len(data)}: longer frames are never padded")
     if isinstance(field_types, Mapping):
         types_by_writer = {w: check_raw_types(t, f"field_types[{w}]") for w, t in field_types.items()}
         shared = None
@@ -81,14 +116,14 @@ def decode(data: bytes | bytearray | memoryview, field_types: FieldTypes | None 
         types_by_writer, shared = None, None if field_types is None else check_raw_types(field_types, "field_types")
     r = _Reader(data if type(data) is bytes else bytes(data))  # asyncua decodes strings from bytes slices
     try:
-        return _network_message(r, shared, types_by_writer)
+        return _network_message(r, shared, types_by_writer, padded), r.pos
     except UadpDecodeError:
         raise
     except Exception as exc:  # a decoder bug must still surface as a decode error, never as a crash
         raise UadpDecodeError(f"internal decoder error {type(exc).__name__}: {exc}", r.pos) from exc
 
 
-def _network_message(r: _Reader, shared, types_by_writer) -> NetworkMessage:
+def _network_message(r: _Reader, shared, types_by_writer, padded: bool) -> NetworkMessage:
     flags = r.u8("UADPFlags")
     if flags & 0x0F != 1:
         raise UadpDecodeError(f"UADP version {flags & 0x0F} is not supported (expected 1)", 0)
@@ -134,7 +169,7 @@ def _network_message(r: _Reader, shared, types_by_writer) -> NetworkMessage:
     picoseconds = r.one(_U16, "NetworkMessage PicoSeconds") if ext1 & 0x40 else None
     promoted = _promoted_fields(r, writer_ids) if ext2 & 0x02 else None
 
-    messages = _payload(r, writer_ids, shared, types_by_writer)
+    messages = _payload(r, writer_ids, shared, types_by_writer, padded)
     return NetworkMessage(messages, publisher_id, publisher_id_type, class_id, *group, writer_ids,
                           timestamp, picoseconds, promoted)
 
@@ -187,7 +222,15 @@ def _promoted_fields(r: _Reader, writer_ids) -> tuple:
     return tuple(fields)
 
 
-def _payload(r: _Reader, writer_ids, shared, types_by_writer) -> tuple[DataSetMessage, ...]:
+def _padding(r: _Reader, start: int, what: str) -> None:
+    """Bytes start..end of a padded payload follow the message: Ethernet padding, which must be zeros."""
+    for p in range(start, r.end):
+        if r.data[p]:
+            raise UadpDecodeError(f"{r.end - start} trailing bytes after {what}, not zero (byte {p} is "
+                                  f"0x{r.data[p]:02x}), so not Ethernet padding", p)
+
+
+def _payload(r: _Reader, writer_ids, shared, types_by_writer, padded: bool) -> tuple[DataSetMessage, ...]:
     count = 1 if writer_ids is None else len(writer_ids)
     sizes = None
     if count > 1:
@@ -196,7 +239,11 @@ def _payload(r: _Reader, writer_ids, shared, types_by_writer) -> tuple[DataSetMe
         for i, size in enumerate(sizes):
             if size == 0:
                 raise UadpDecodeError(f"Sizes[{i}] is 0; a DataSetMessage has at least its DataSetFlags1", at + 2 * i)
-        if sum(sizes) != r.end - r.pos:
+        total = sum(sizes)
+        if padded and total < r.end - r.pos:  # the Sizes array says where the message ends
+            _padding(r, r.pos + total, f"the {count} DataSetMessages of the Sizes array")
+            r.end = r.pos + total
+        if total != r.end - r.pos:
             raise UadpDecodeError(f"Sizes array totals {sum(sizes)} bytes but {r.end - r.pos} bytes follow it", at)
     elif r.pos >= r.end:
         raise r.truncated(1, "DataSetMessage")
@@ -211,6 +258,9 @@ def _payload(r: _Reader, writer_ids, shared, types_by_writer) -> tuple[DataSetMe
         messages.append(_dataset_message(r, i, types))
         if r.pos != r.end:
             if sizes is None:
+                if padded:  # the only DataSetMessage ended where its last field did
+                    _padding(r, r.pos, f"DataSetMessage {i}")
+                    break
                 raise UadpDecodeError(f"{r.end - r.pos} trailing bytes after DataSetMessage {i}", r.pos)
             raise UadpDecodeError(f"DataSetMessage {i} ends {r.end - r.pos} bytes before Sizes[{i}] = {sizes[i]} says",
                                   r.pos)

@@ -209,3 +209,107 @@ def test_uint64_publisher_writer_group_filter_and_fallback_over_ethernet(veth_pa
         (2, [2.0, 2.5, 3.0], 2**40 + 3), (3, [3.0, 3.5, 4.0], 2**40 + 3), (4, [4.0, 4.5, 5.0], 2**40 + 3)]
     assert (result["foreign"], result["fallback_decodes"], result["malformed"]) == (1, 1, 0)
     assert "DataSetFlags1 0x8d" in result["last_fallback_reason"]
+
+
+# ---- Ethernet minimum-frame padding -----------------------------------------------------------------
+# A frame is at least 60 bytes (without FCS), so a UADP message shorter than 46 bytes (42 in a tagged frame)
+# arrives followed by zero padding. The general decoder must find where the message ends (its Sizes array, or
+# the end of its single DataSetMessage's fields) and take only zeros after it as padding.
+
+SHORT_RECEIVER = """
+import json, sys
+from plc.eth import EthFrameSource
+from plc.uadp import FixedLayout
+src = EthFrameSource(sys.argv[1], sys.argv[2], FixedLayout(int(sys.argv[3])), publisher_id=7, writer_group_id=1)
+print("ready", flush=True)
+out = []
+while len(out) < 2:
+    f = src.receive(5.0)
+    if f is None:
+        break
+    out.append({"seq": f.sequence_number, "values": f.values.tolist(), "sent": f.sender_timestamp_ns,
+                "pcp": f.vlan_pcp})
+print(json.dumps({"frames": out, **src.decode_status()}), flush=True)
+"""
+
+SHORT_PUBLISHER = """
+import json, sys, time
+from asyncua import ua
+from plc.eth import EthPublisher
+from plc.uadp import (DataSetMessage, DataSetMessageType, FixedLayout, NetworkMessage, PublisherIdType, UadpMessage,
+                      encode)
+from plc.uadp.fixed import datetime_ticks_from_ns
+n = int(sys.argv[3])
+pub = EthPublisher(sys.argv[1], sys.argv[2])
+head = dict(publisher_id=7, publisher_id_type=PublisherIdType.UINT16, writer_group_id=1)
+keep_alive = DataSetMessage(message_type=DataSetMessageType.KEEP_ALIVE, sequence_number=8)
+sent_ns = time.time_ns() // 100 * 100
+values = (1.5, -2.25, 3.0, 4.5)[:n]
+messages = [
+    encode(NetworkMessage((keep_alive,), sequence_number=8, dataset_writer_ids=(1,), **head)),
+    encode(NetworkMessage((keep_alive, keep_alive), sequence_number=8, dataset_writer_ids=(1, 2), **head)),  # Sizes
+    encode(NetworkMessage((DataSetMessage(tuple(ua.Variant(v, ua.VariantType.Float) for v in values),
+                                          sequence_number=9, timestamp=datetime_ticks_from_ns(sent_ns)),),
+                          sequence_number=9, dataset_writer_ids=(1,), **head)),
+]
+garbage = messages[0] + b"\\x01"  # a byte after the message that is not padding: still malformed
+for payload in messages + [garbage]:
+    pub.send(payload)
+    time.sleep(0.002)
+pub.send(FixedLayout(n).encode(UadpMessage(7, 1, 1, 10, 10, time.time_ns(), (7.0,) * n)))
+print(json.dumps({"lengths": [len(m) for m in messages], "sent_ns": sent_ns}))
+"""
+
+
+@pytest.mark.parametrize("url,fields", [
+    ("opc.eth://01-00-5E-7F-00-01:100.5", 3),  # tagged: padded to 42 bytes of payload; layout larger than a frame
+    ("opc.eth://01-00-5E-7F-00-01", 1),  # untagged: padded to 46; the 43-byte layout is shorter than the frame
+])
+def test_short_general_messages_in_padded_frames_decode(veth_pair, url, fields):
+    """A keep-alive, a Sizes-array message of keep-alives and a short key frame, each in a minimum-size frame:
+    decoded by the general path (not counted malformed for their padding); a non-zero byte after a message
+    still is malformed; the fixed layout's own frame still takes the fast path."""
+    _, if_a, _, if_b = veth_pair
+    pub, out = _run_pair(veth_pair, SHORT_RECEIVER, [url, if_b, str(fields)], SHORT_PUBLISHER,
+                         [url, if_a, str(fields)])
+    sent = json.loads(pub.stdout.splitlines()[-1])
+    assert max(sent["lengths"]) < 42  # every message really was padded on the wire
+    result = json.loads(out.splitlines()[-1])
+    frames = result["frames"]
+    assert [(f["seq"], f["values"]) for f in frames] == [(9, [1.5, -2.25, 3.0][:fields]), (10, [7.0] * fields)]
+    assert frames[0]["sent"] == sent["sent_ns"]
+    assert result["keep_alives"] == 2  # the single keep-alive and the Sizes-array one
+    assert result["fallback_decodes"] == 1  # the short key frame
+    assert result["malformed"] == 1, result["last_error"]  # only the one with a non-zero byte after it
+    assert "trailing bytes" in result["last_error"]
+
+
+def test_padding_rule_of_the_general_decoder():
+    """decode(padded=True) takes only zero bytes after the message's end as padding, finds that end from the
+    Sizes array or the single DataSetMessage, and is refused for payloads that cannot be padded."""
+    from asyncua import ua
+
+    from plc.errors import UadpDecodeError
+    from plc.uadp import (ETHERNET_MIN_PAYLOAD, DataSetMessage, DataSetMessageType, FieldEncoding, NetworkMessage,
+                          PublisherIdType, decode, encode, unpadded_length)
+
+    head = dict(publisher_id=7, publisher_id_type=PublisherIdType.UINT16, writer_group_id=1, sequence_number=3)
+    keep_alive = DataSetMessage(message_type=DataSetMessageType.KEEP_ALIVE, sequence_number=3)
+    doubles = (ua.VariantType.Double,) * 2
+    raw = DataSetMessage((ua.Variant(1.0, ua.VariantType.Double), ua.Variant(2.0, ua.VariantType.Double)),
+                         field_encoding=FieldEncoding.RAW_DATA)
+    for msg in (NetworkMessage((keep_alive,), dataset_writer_ids=(1,), **head),
+                NetworkMessage((keep_alive, keep_alive), dataset_writer_ids=(1, 2), **head),
+                NetworkMessage((raw,), **head)):  # RawData: its end comes from the field types
+        data = encode(msg)
+        padded = data + bytes(ETHERNET_MIN_PAYLOAD - len(data))
+        assert unpadded_length(padded, doubles) == len(data)
+        assert decode(padded, doubles, padded=True) == decode(data, doubles)
+        with pytest.raises(UadpDecodeError, match="trailing bytes|Sizes array totals"):
+            decode(padded, doubles)  # strict: UDP and long frames carry their exact length
+        bad = bytearray(padded)
+        bad[-1] = 0xAA
+        with pytest.raises(UadpDecodeError, match="not zero .* so not Ethernet padding"):
+            decode(bytes(bad), doubles, padded=True)
+    with pytest.raises(ValueError, match="at most 46"):
+        decode(bytes(47), padded=True)

@@ -533,3 +533,39 @@ def test_simulator_rejects_unusable_names():
     with pytest.raises(ProfileError) as info:
         SIM.parse_node_id("ns=2;s=RollingMill.roll_gap")
     assert info.value.offset == 0
+
+
+# -- simulator tag layouts of the vendor profiles -------------------------------------------------------
+
+SIMULATOR_VARIABLES = ("SensorFrame", "RollGapCommand", "SessionNonce", "SessionCredential", "Status", "Diagnostic")
+
+
+@pytest.mark.parametrize("profile", [S7, LOGIX, MELSEC], ids=lambda p: p.name)
+def test_simulator_tags_cover_the_simulator_in_normalized_vendor_addresses(profile):
+    """Every simulator variable has one vendor address, written as the profile normalizes it, each at its own
+    NodeId; node_id_for resolves the simulator's names (with or without RollingMill.) through that mapping."""
+    from plc.simulator.physics import SIGNALS
+    from plc.simulator.server import COMMAND_NODE
+
+    tags = profile.simulator_tags()
+    assert set(tags) == set(SIGNALS) | set(SIMULATOR_VARIABLES)
+    node_ids = {}
+    for name, address in tags.items():
+        parsed = profile.parse(address)
+        assert parsed.text == address, f"{name}: write {parsed.text!r}, the normalized form"
+        assert profile.parse_node_id(parsed.node_id) == parsed
+        assert profile.node_id_for(name) == profile.node_id_for("RollingMill." + name) == parsed.node_id
+        node_ids[parsed.node_id] = name
+    assert len(node_ids) == len(tags), "two simulator variables share a vendor address"
+    assert profile.node_id_for(COMMAND_NODE) == profile.parse(tags["RollGapCommand"]).node_id
+    data = load_data({"s7-1500": "s7_1500.json", "controllogix": "controllogix.json",
+                      "melsec-iq-r": "melsec_iq_r.json"}[profile.name])
+    assert "not a vendor fact" in data["simulator_tags"]["_doc"]
+
+
+def test_node_id_for_parses_names_outside_the_mapping():
+    assert S7.node_id_for("exit_thickness") == 'ns=3;s="DB_Line"."Thickness"'
+    assert S7.node_id_for("DB_Line.Other") == 'ns=3;s="DB_Line"."Other"'
+    assert MELSEC.node_id_for("D100.F") == "ns=2;s=D100.F"
+    assert LOGIX.node_id_for("roll_gap") == "ns=2;s=[PLC]Program:Mill.RollGap"
+    assert SIM.simulator_tags() == {} and SIM.node_id_for("roll_gap").endswith(";s=RollingMill.roll_gap")
