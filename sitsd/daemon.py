@@ -611,10 +611,38 @@ class Daemon:
     def _alert(self, kind: str, reason: str, item: Outgoing | None = None) -> None:
         self.alerts.append((time.time_ns(), kind, reason, 0, item.frame_sequence if item else 0))
 
+    def _config_identity(self) -> tuple[str, str | None]:
+        """(file name, SHA-256 hex) of the config that runs: the measurement log's newest config event, else the
+        file's name with no hash (no log)."""
+        from .hotswap import _config_measured
+
+        measured = _config_measured(self)
+        if measured is not None:
+            return measured
+        return (Path(self.config_path).name if self.config_path is not None else "config", None)
+
+    def _announce_reload(self, before, measured_before: tuple[str, str | None]) -> tuple[str, str | None]:
+        """A config went live (housekeeping sees `self.cfg` replaced within 50 ms, whichever way it came: SIGHUP,
+        `sitsctl reload`, `update --config`, `rollback --config`, a live deploy): one `reload` alert, the update
+        event fault attribution matches (update.reload), naming the file, its old and new hash and the sections
+        that changed. A reload of the same bytes that changed nothing raises none. Returns the new identity."""
+        from .reload import LIVE_SECTIONS, RESTART_SECTIONS
+
+        measured = self._config_identity()
+        changed = [s for s in LIVE_SECTIONS + RESTART_SECTIONS
+                   if getattr(before, s, None) != getattr(self.cfg, s, None)]
+        if not changed and measured == measured_before:
+            return measured
+        old = f"{measured_before[0]} sha256 {measured_before[1] or '?'}"
+        self._alert("reload", f"config {measured[0]}: {old} -> sha256 {measured[1] or '?'}, changed: "
+                    f"{', '.join(changed) or 'nothing (the same rules)'}")
+        return measured
+
     async def _housekeeping(self) -> None:
         watchdog_s = self.notifier.watchdog_usec / 2e6 if self.notifier.watchdog_usec else None
         last_beat, last_ping, last_status, last_malformed = -1, 0.0, 0.0, 0
         running_cfg = self.cfg
+        config_measured = self._config_identity()
         while True:
             await asyncio.sleep(0.05)
             if self.hotswap is not None and self.hotswap.watching:  # a fresh swap: trap/error spike -> rollback
@@ -622,10 +650,16 @@ class Daemon:
                     await asyncio.to_thread(self.hotswap.check_health)
                 except Exception as exc:  # never the end of housekeeping (it feeds the watchdog, drains the audit)
                     self.log.error("hot swap health check failed", error=repr(exc))
-            if self.cfg is not running_cfg and self.persistence is not None:
-                # reloaded (SIGHUP, update --config, deploy): persisted updates are re-based on the new bytes
-                running_cfg = self.cfg
-                await asyncio.to_thread(self.persistence.config_reloaded)
+            if self.cfg is not running_cfg:
+                # reloaded (SIGHUP, sitsctl reload, update/rollback --config, deploy): fault attribution's `reload`
+                # event, and persisted updates are re-based on the new bytes
+                before, running_cfg = running_cfg, self.cfg
+                try:
+                    config_measured = self._announce_reload(before, config_measured)
+                except Exception as exc:  # never the end of housekeeping (it feeds the watchdog)
+                    self.log.error("reload event failed", error=repr(exc))
+                if self.persistence is not None:
+                    await asyncio.to_thread(self.persistence.config_reloaded)
             malformed = self.source.malformed if self.source is not None else 0
             if malformed != last_malformed:  # counted on the loop thread, reported here
                 self.alert_counts["malformed_frame"] += malformed - last_malformed

@@ -159,6 +159,7 @@ class HotSwap:
         self._generation = loop.stage_set.generation
         self._lock = threading.Lock()
         self._watch: tuple[StageSet, int, int] | None = None  # (set, failsafe count at swap, frame at swap)
+        self.swapped_ns = 0  # wall-clock time of the last swap (`_activate`)
 
     # -- preparation (worker thread) --------------------------------------------------------------
     def between_frames(self, timeout_s: float = 0.012) -> int:
@@ -241,7 +242,8 @@ class HotSwap:
 
     # -- the swap -----------------------------------------------------------------------------------
     def _activate(self, new: StageSet, action: str, component: str, name: str, sha: str, prepare_ms: float,
-                  reason: str = "", watch_plc: bool = True) -> SwapRecord:
+                  reason: str = "", watch_plc: bool = True, announce: str | None = None) -> SwapRecord:
+        """`announce`: raise the update events (`_announce`) with this action text once the new set runs."""
         old = self.loop.stage_set
         # measured first, then run: the log and the PCR never lag behind what runs. An update whose measurement
         # fails is refused (nothing changed); a rollback goes ahead (it leaves a version that faulted or that the
@@ -260,6 +262,7 @@ class HotSwap:
                 m.instance.reset()
         new.first_frame = -1  # a set coming back by rollback reports the first frame of this activation
         self.loop.stage_set = new  # the swap: the loop reads this once at the start of each frame
+        self.swapped_ns = time.time_ns()  # when the new set went live (the update events' time)
         self.previous = old
         if new not in self.sets:
             self.sets.append(new)
@@ -274,6 +277,11 @@ class HotSwap:
         rec = SwapRecord(action, component, name, sha, new.generation, old.generation, round(prepare_ms, 3),
                          new.first_frame, reason)
         self.history.append(rec)
+        if announce is not None:
+            try:
+                self._announce(old, new, announce)
+            except Exception:  # an event that cannot be worded never turns a swap that happened into a failure
+                pass
         if unmeasured is not None and self.alerts is not None:
             self.alerts.append((time.time_ns(), "rollback", f"rolled back to generation {new.generation} "
                                 f"({new.label}), but measuring it failed ({unmeasured!r}): the measurement log and "
@@ -295,6 +303,26 @@ class HotSwap:
             if m is not None and (before is None or m.sha256 != before.sha256 or m.name != before.name):
                 events.append((f"rollback:module:{stage}", m.name, m.sha256))
         return events
+
+    def _announce(self, old: StageSet, new: StageSet, action: str) -> None:
+        """Fault attribution's update events: one `model_swap` / `module_swap` alert per component that `new` runs
+        differently from `old`, stamped with the time the new set went live, naming what changed (old and new
+        hash, module version, generations). Raised for updates and operator rollbacks once the set runs (on the
+        worker thread that did the swap, never the loop's); an automatic rollback raises `rollback` instead."""
+        if self.alerts is None or new is old:
+            return
+        t, gens = self.swapped_ns or time.time_ns(), f"generation {old.generation} -> {new.generation}"
+        if new.model_sha256 != old.model_sha256 or new.model_path != old.model_path:
+            self.alerts.append((t, "model_swap", f"model {Path(new.model_path).name}: sha256 "
+                                f"{old.model_sha256.hex()} ({Path(old.model_path).name}) -> {new.model_sha256.hex()}, "
+                                f"{gens} ({action})", 0, 0))
+        for stage in ("pre", "post"):
+            m, before = getattr(new, stage), getattr(old, stage)
+            if m is None or m is before:
+                continue
+            was = f"v{before.version} sha256 {before.sha256}" if before is not None else "none"
+            self.alerts.append((t, "module_swap", f"module {m.name} ({stage}) {m.path.name}: {was} -> v{m.version} "
+                                f"sha256 {m.sha256}, {gens} ({action})", 0, 0))
 
     def _retire_old_sets(self) -> None:
         """Keep at most KEPT_SETS stage sets loaded: an older one that is neither running, nor the rollback target,
@@ -391,7 +419,7 @@ class HotSwap:
             old = getattr(self.loop.stage_set, version.stage)
             new = self._next(**{version.stage: version}, label=f"{version.name} v{version.version}")
             rec = self._activate(new, "update", f"module:{version.stage}", version.name, version.sha256,
-                                 version.prepare_ms, watch_plc=respect_pins)
+                                 version.prepare_ms, watch_plc=respect_pins, announce="update")
             self._set_prior(version.name, old)  # only once it runs: a refused update leaves the rollback target
             return {**rec.as_dict(), "module": version.describe(), "origin": version.origin,
                     "previous": old.describe() if old else None}
@@ -410,7 +438,7 @@ class HotSwap:
             new = self._next(model=runner, model_sha256=runner.sha256, model_path=str(path),
                              label=f"model {runner.sha256.hex()[:12]}")
             rec = self._activate(new, "update", "model", Path(path).name, runner.sha256.hex(), prepare_ms,
-                                 watch_plc=respect_pins)
+                                 watch_plc=respect_pins, announce="update")
             self._prior["model"] = (cur.model, cur.model_sha256, cur.model_path)  # only once it runs
             return {**rec.as_dict(), "bounds": report,
                     "previous": {"model": self.previous.model_path, "sha256": self.previous.model_sha256.hex()}}
@@ -418,7 +446,7 @@ class HotSwap:
     def rollback(self, component: str | None = None, reason: str = "operator request") -> dict:
         """Back to the previous set (component None), or only its model / one of its modules."""
         with self._lock:
-            out = self._rollback(component, reason)
+            out = self._rollback(component, reason, announce=True)
             self._settle(self.loop.stage_set, f"rollback of {out['component']} ({reason})")
             return out
 
@@ -433,13 +461,15 @@ class HotSwap:
                 self.alerts.append((time.time_ns(), "persisted_update", f"could not persist generation "
                                     f"{st.generation} ({st.label}): {exc!r}", 0, 0))
 
-    def _rollback(self, component: str | None, reason: str) -> dict:
+    def _rollback(self, component: str | None, reason: str, announce: bool = False) -> dict:
+        """`announce`: an operator's rollback raises the update events; an automatic one raises `rollback`."""
         prev, cur = self.previous, self.loop.stage_set
+        said = f"rollback: {reason}" if announce else None
         if prev is None:
             raise SwapRefused("nothing to roll back to: no update since the daemon started")
         if component is None:
             return self._activate(prev, "rollback", "set", prev.label or f"generation {prev.generation}",
-                                  prev.model_sha256.hex(), 0.0, reason).as_dict()
+                                  prev.model_sha256.hex(), 0.0, reason, announce=said).as_dict()
         prior = self._prior.get(component)
         if prior is None:
             raise SwapRefused(f"nothing to roll back for {component!r}: it was not updated since the daemon started "
@@ -448,11 +478,13 @@ class HotSwap:
             model, sha, path = prior
             self._prior["model"] = (cur.model, cur.model_sha256, cur.model_path)  # rolling back again toggles
             new = self._next(model=model, model_sha256=sha, model_path=path, label=f"model {sha.hex()[:12]} (rollback)")
-            return self._activate(new, "rollback", "model", Path(path).name, sha.hex(), 0.0, reason).as_dict()
+            return self._activate(new, "rollback", "model", Path(path).name, sha.hex(), 0.0, reason,
+                                  announce=said).as_dict()
         mod = prior
         self._set_prior(component, getattr(cur, mod.stage))
         new = self._next(**{mod.stage: mod}, label=f"{mod.name} v{mod.version} (rollback)")
-        return self._activate(new, "rollback", f"module:{mod.stage}", mod.name, mod.sha256, 0.0, reason).as_dict()
+        return self._activate(new, "rollback", f"module:{mod.stage}", mod.name, mod.sha256, 0.0, reason,
+                              announce=said).as_dict()
 
     # -- automatic rollback (called periodically off the loop thread) ---------------------------------
     def _rejected_now(self) -> int:

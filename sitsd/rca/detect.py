@@ -318,20 +318,36 @@ def granger_events(fmea: Fmea, w: SignalWindow, s: DetectorSettings) -> list[Eve
 
 
 def replay_events(w: SignalWindow, inputs: list[str], replay: Replay, s: DetectorSettings) -> list[Event]:
-    """Commands the loop sent (not fail-safe) against the verified model on the same inputs."""
-    live = ~w.failsafe
-    if live.sum() < s.hold:
-        return []
-    x = np.column_stack([w.column(name) for name in inputs]).astype(np.float32)
-    expected = np.asarray(replay(x[live]), dtype=np.float64)[:, 0]
-    residual = w.command[live, 0] - expected
+    """The model's outputs against the verified model replayed on the same inputs.
+
+    Like with like: when the window holds the model's own records (`model_in`, `model_out`, `model_ok`: what
+    the model saw after the pre module and returned before the post module and the safety envelope, on rows
+    the running model produced), those are compared, and only they: a pre module's filter, a post module's
+    rate shaping, the envelope's clamps and frames from before a hot swap to another model are no mismatch.
+    Without them (an events file of an older version), the commands the loop sent (not fail-safe) against
+    the model replayed on the frame's raw signal values, which is right only for a loop without modules and
+    commands inside the envelope."""
+    if w.model_ok is not None and w.model_in is not None and w.model_out is not None:
+        live = w.model_ok
+        if live.sum() < s.hold:
+            return []
+        x = w.model_in[live].astype(np.float32)
+        got = w.model_out[live, 0].astype(np.float64)
+    else:
+        live = ~w.failsafe
+        if live.sum() < s.hold:
+            return []
+        x = np.column_stack([w.column(name) for name in inputs]).astype(np.float32)[live]
+        got = w.command[live, 0]
+    expected = np.asarray(replay(x), dtype=np.float64)[:, 0]
+    residual = got - expected
     k = _first_sustained(np.abs(residual) > s.replay_tolerance, s.hold)
     if k < 0:
         return []
     t = w.t_ns[live]
     peak = float(np.median(residual[k:]))
     return [Event(int(t[k]), "model", "model.replay_mismatch",
-                  f"commands differ from the verified model on the same inputs by {peak * 1000:+.1f} um "
+                  f"model outputs differ from the verified model on the same inputs by {peak * 1000:+.1f} um "
                   f"(median since onset)", "error", "model", "command", peak)]
 
 

@@ -8,6 +8,7 @@ the loop thread into preallocated arrays (no allocation per frame) and read by t
 """
 from __future__ import annotations
 
+import base64
 import json
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -35,8 +36,9 @@ _ALERT_KINDS = {
     "frame_timeout": ("network", "plc_link.frames"),  # no frame for timing.frame_timeout_ms
     "runtime": ("runtime", "runtime"),
     "loop_crashed": ("runtime", "runtime.loop_crashed"),
-    "reload": ("update", "update.reload"),
-    "model_swap": ("update", "update.model"),
+    "reload": ("update", "update.reload"),  # a config reload went live (SIGHUP, reload, update --config, deploy)
+    "model_swap": ("update", "update.model"),  # a hot-swapped model runs (update, deploy, operator rollback)
+    "module_swap": ("update", "update.module"),  # a hot-swapped WASM module runs (update, operator rollback)
     "rollback": ("update", "update.rollback"),
     "persisted_update": ("update", "update.persisted"),  # a persisted hot swap rejected at start (sitsd/persist.py)
     "update_refused": ("update", "update.refused"),  # `sitsctl update` refused: nothing changed, the old version runs
@@ -44,6 +46,9 @@ _ALERT_KINDS = {
     "prover": ("runtime", "runtime.prover"),  # proofs stalled (sitsd/prover.py watch); commands go on unproven
 }
 _DETAILED = {"timestamp", "constraint", "safety"}  # the text before ':' names the rule or reason
+# a change to what runs, not a fault: one is a symptom however rare (localize.event_symptoms), with severity info
+CHANGE_KINDS = {"reload": "config", "model_swap": "model", "module_swap": "module"}
+CHANGE_CODES = ("update.reload", "update.model", "update.module", "update.rollback", "update.persisted")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +80,12 @@ def event_from_alert(t_ns: int, kind: str, text: str, publisher: int = 0, seq: i
     source, code = _ALERT_KINDS.get(kind, ("runtime", kind))
     if kind in _DETAILED and ":" in text:
         code = f"{code}.{text.split(':', 1)[0].strip()}"
-    severity = "critical" if kind in ("loop_crashed", "sign") else "warning"
-    return Event(int(t_ns), source, code, text, severity)
+    severity = "critical" if kind in ("loop_crashed", "sign") else "info" if kind in CHANGE_KINDS else "warning"
+    component = ""
+    if kind in CHANGE_KINDS:  # "<what> <name> ...": the component changed (a module's name, `model`, `config`)
+        words = text.split(None, 2)
+        component = words[1] if kind == "module_swap" and len(words) > 1 else CHANGE_KINDS[kind]
+    return Event(int(t_ns), source, code, text, severity, component)
 
 
 def event_from_plc(event) -> Event:
@@ -105,7 +114,13 @@ class EventStream:
 
 @dataclass
 class SignalWindow:
-    """A copy of recent frames: sender time, signal values (config order) and the command sent for each."""
+    """A copy of recent frames: sender time, signal values (config order) and the command sent for each.
+
+    `model_in`/`model_out` (optional): what the model itself saw and returned on each frame, i.e. after
+    the `pre` WASM module and before the `post` module and the safety envelope, and `model_ok` the rows
+    where those are from the model the window's `meta["model"]` names (the one running when the window was
+    taken: rows from before a hot swap to another model, fail-safe rows and rows of a frame during which the
+    model was swapped are False). The model replay check compares like with like on those rows only."""
 
     names: list[str]
     outputs: list[str]
@@ -114,9 +129,21 @@ class SignalWindow:
     command: np.ndarray
     failsafe: np.ndarray
     meta: dict = field(default_factory=dict)
+    model_in: np.ndarray | None = None
+    model_out: np.ndarray | None = None
+    model_ok: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.t_ns)
+
+    def select(self, keep: np.ndarray) -> SignalWindow:
+        """The rows where `keep` (a boolean mask or indices) holds, model records included."""
+        def pick(a):
+            return None if a is None else a[keep]
+
+        return SignalWindow(self.names, self.outputs, self.t_ns[keep], self.values[keep], self.command[keep],
+                            self.failsafe[keep], self.meta, pick(self.model_in), pick(self.model_out),
+                            pick(self.model_ok))
 
     def column(self, name: str) -> np.ndarray:
         if name in self.names:
@@ -126,9 +153,15 @@ class SignalWindow:
         raise DiagnoseError(f"signal {name!r} is not in the window; signals: {', '.join(self.names + ['command'])}")
 
     def as_dict(self) -> dict:
-        return {"names": self.names, "outputs": self.outputs, "t_ns": self.t_ns.tolist(),
-                "values": np.round(self.values, 6).tolist(), "command": np.round(self.command, 6).tolist(),
-                "failsafe": self.failsafe.astype(int).tolist(), "meta": self.meta}
+        out = {"names": self.names, "outputs": self.outputs, "t_ns": self.t_ns.tolist(),
+               "values": np.round(self.values, 6).tolist(), "command": np.round(self.command, 6).tolist(),
+               "failsafe": self.failsafe.astype(int).tolist(), "meta": self.meta}
+        if self.model_in is not None and self.model_out is not None and self.model_ok is not None:
+            # base64 of the little-endian float32 buffers as the model saw them: exact, and a fraction of the size
+            # and of the encoding time of number lists (the daemon's I/O thread encodes the answer, GIL held)
+            out.update(model_in=_b64(self.model_in, "<f4"), model_out=_b64(self.model_out, "<f4"),
+                       model_ok=_b64(self.model_ok, "u1"))
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> SignalWindow:
@@ -137,18 +170,42 @@ class SignalWindow:
         t = np.asarray(d["t_ns"], dtype=np.int64)
         values = np.asarray(d["values"], dtype=np.float64).reshape(len(t), len(names))
         command = np.asarray(d["command"], dtype=np.float64).reshape(len(t), len(outputs))
-        return cls(names, outputs, t, values, command, np.asarray(d["failsafe"], dtype=bool), dict(d.get("meta", {})))
+        w = cls(names, outputs, t, values, command, np.asarray(d["failsafe"], dtype=bool), dict(d.get("meta", {})))
+        if d.get("model_in") is not None and d.get("model_out") is not None and d.get("model_ok") is not None:
+            w.model_in = _unb64(d["model_in"], "<f4").astype(np.float32).reshape(len(t), -1)
+            w.model_out = _unb64(d["model_out"], "<f4").astype(np.float32).reshape(len(t), len(outputs))
+            w.model_ok = _unb64(d["model_ok"], "u1").astype(bool).reshape(len(t))
+        return w
+
+
+def _b64(a: np.ndarray, dtype: str) -> str:
+    return base64.b64encode(np.ascontiguousarray(a, dtype=dtype).tobytes()).decode("ascii")
+
+
+def _unb64(text, dtype: str) -> np.ndarray:
+    """A `_b64` string (or, written by hand, a plain list of numbers)."""
+    if isinstance(text, str):
+        return np.frombuffer(base64.b64decode(text), dtype=dtype)
+    return np.asarray(text, dtype=dtype)
 
 
 class SignalRing:
-    """The last `capacity` frames the loop handled; `push` is called on the loop thread and allocates nothing."""
+    """The last `capacity` frames the loop handled; `push` is called on the loop thread and allocates nothing.
 
-    def __init__(self, names: list[str], outputs: list[str], capacity: int = 6000) -> None:
+    With `n_model_inputs`, each row can also hold the model's own input and output for that frame and an int
+    tag of the model that produced them (`model_tag`, -1: none, e.g. a fail-safe command): the daemon tags
+    rows with the StageSet generation, and `window(..., model_tags=...)` marks the rows whose tag is in the
+    given set (those the model running now produced)."""
+
+    def __init__(self, names: list[str], outputs: list[str], capacity: int = 6000, n_model_inputs: int = 0) -> None:
         self.names, self.outputs, self.capacity = list(names), list(outputs), capacity
         self.t_ns = np.zeros(capacity, dtype=np.int64)
         self.values = np.zeros((capacity, len(names)))
         self.command = np.zeros((capacity, len(outputs)))
         self.failsafe = np.zeros(capacity, dtype=bool)
+        self.model_in = np.zeros((capacity, n_model_inputs), dtype=np.float32) if n_model_inputs else None
+        self.model_out = np.zeros((capacity, len(outputs)), dtype=np.float32) if n_model_inputs else None
+        self.model_tag = np.full(capacity, -1, dtype=np.int64) if n_model_inputs else None
         self.count = 0
 
     def push(self, t_ns: int, values: np.ndarray, command: np.ndarray, failsafe: bool) -> None:
@@ -157,15 +214,37 @@ class SignalRing:
         self.values[i] = values
         self.command[i] = command
         self.failsafe[i] = failsafe
+        if self.model_tag is not None:
+            self.model_tag[i] = -1
         self.count += 1
 
-    def window(self, since_ns: int = 0) -> SignalWindow:
-        """A copy, oldest first (I/O thread; a row being written meanwhile may be torn, which is harmless)."""
+    def push_model(self, t_ns: int, values: np.ndarray, command: np.ndarray, failsafe: bool,
+                   model_in: np.ndarray, model_out: np.ndarray, tag: int) -> None:
+        """`push` with the model's own input and output for the frame (a ring made with n_model_inputs)."""
+        i = self.count % self.capacity
+        self.t_ns[i] = t_ns
+        self.values[i] = values
+        self.command[i] = command
+        self.failsafe[i] = failsafe
+        self.model_in[i] = model_in
+        self.model_out[i] = model_out
+        self.model_tag[i] = tag
+        self.count += 1
+
+    def window(self, since_ns: int = 0, model_tags=None) -> SignalWindow:
+        """A copy, oldest first (I/O thread; a row being written meanwhile may be torn, which is harmless).
+        `model_tags`: the tags whose rows the model replay may use (None: every tagged row)."""
         n = min(self.count, self.capacity)
         order = (np.arange(n) + (self.count - n)) % self.capacity
         keep = order[self.t_ns[order] >= since_ns]
-        return SignalWindow(self.names, self.outputs, self.t_ns[keep].copy(), self.values[keep].copy(),
-                            self.command[keep].copy(), self.failsafe[keep].copy())
+        w = SignalWindow(self.names, self.outputs, self.t_ns[keep].copy(), self.values[keep].copy(),
+                         self.command[keep].copy(), self.failsafe[keep].copy())
+        if self.model_tag is not None:
+            tags = self.model_tag[keep]
+            ok = tags >= 0 if model_tags is None else np.isin(tags, np.fromiter(model_tags, dtype=np.int64))
+            w.model_in, w.model_out = self.model_in[keep].copy(), self.model_out[keep].copy()
+            w.model_ok = ok & ~w.failsafe
+        return w
 
 
 def dump(path: str | Path, events: list[Event], window: SignalWindow | None) -> None:

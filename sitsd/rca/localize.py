@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from .detect import Anomaly, DetectorSettings, Replay, detect, relation_shifts
-from .events import Event, SignalWindow
+from .events import CHANGE_CODES, Event, SignalWindow
 from .fmea import EXPECT_WEIGHT, Component, Detection, FailureMode, Fmea
 
 SEVERE = ("error", "critical")
@@ -105,6 +105,8 @@ def _event_strength(count: int, severity: str) -> float:
 
 
 BURST_NS = 1_000_000_000
+# an update (config reload, model or module swap, rollback) in the tested part: certain, but by itself no fault
+CHANGE_STRENGTH = 0.5
 
 
 def _burst_start(recent: list[Event], severity: str) -> Event:
@@ -121,7 +123,8 @@ def _burst_start(recent: list[Event], severity: str) -> Event:
 def event_symptoms(events: list[Event], start_ns: int, end_ns: int, reference_fraction: float) -> list[Symptom]:
     """Events grouped by code; a code that fires in the tested part no more often than in the reference part
     is background (a rare clamp, a PLC message it repeats all the time), not a symptom. An error or critical
-    event the reference never saw counts however rare it is."""
+    event the reference never saw counts however rare it is, and so does a change to what runs (a config
+    reload, a model or module swap, a rollback: `events.CHANGE_CODES`) in the tested part."""
     split = start_ns + int((end_ns - start_ns) * reference_fraction)
     ref_s = max((split - start_ns) / 1e9, 1e-3)
     recent_s = max((end_ns - split) / 1e9, 1e-3)
@@ -137,6 +140,11 @@ def event_symptoms(events: list[Event], start_ns: int, end_ns: int, reference_fr
         if not recent:
             continue
         in_reference = len(evs) - len(recent)
+        if code in CHANGE_CODES:  # a change to what runs: one is news, however rare (a rate says nothing)
+            first = recent[0]
+            out.append(Symptom(code, first.source, first.t_ns, len(recent), CHANGE_STRENGTH, severity, first.value,
+                               first.text, recent[-1].t_ns))
+            continue
         if severity not in SEVERE or in_reference:
             if len(recent) / recent_s <= 2.0 * in_reference / ref_s + 0.5:
                 continue
@@ -293,9 +301,7 @@ def localize(fmea: Fmea, events: list[Event], window: SignalWindow | None, *, st
     start_ns = start_ns if start_ns is not None else (min(times) if times else 0)
     end_ns = end_ns if end_ns is not None else (max(times) if times else 0)
     if window is not None and len(window):
-        keep = (window.t_ns >= start_ns) & (window.t_ns <= end_ns)
-        window = SignalWindow(window.names, window.outputs, window.t_ns[keep], window.values[keep],
-                              window.command[keep], window.failsafe[keep], window.meta)
+        window = window.select((window.t_ns >= start_ns) & (window.t_ns <= end_ns))
     anomalies = detect(fmea, window, inputs=inputs, replay=replay, settings=settings)
     symptoms = event_symptoms(events, start_ns, end_ns, settings.reference_fraction)
     symptoms += anomaly_symptoms(anomalies, settings.z_threshold, end_ns)
@@ -304,7 +310,7 @@ def localize(fmea: Fmea, events: list[Event], window: SignalWindow | None, *, st
     symptoms = merge(symptoms)
     symptoms += weak_symptoms(fmea, window, symptoms, settings)
     candidates: list[Candidate] = []
-    if symptoms:
+    if any(s.code not in CHANGE_CODES for s in symptoms):  # updates alone are no fault: nothing to attribute
         candidates = [score(c, m, fmea, symptoms) for c, m in fmea.failure_modes]
         top = max(c.score for c in candidates)
         weights = [math.exp(c.score - top) for c in candidates]

@@ -37,6 +37,8 @@ def to_text(d: Diagnosis, limit: int = 3) -> str:
         weak = f" (weak, {s.belief:.0%})" if s.belief < 1.0 else ""
         lines.append(f"  {(s.onset_ns - first) / 1e9:+7.2f} s  {s.code}{count}{weak}  {s.text[:100]}")
     lines.append("likely root causes:")
+    if not d.candidates:
+        lines.append("  none: only updates went live, no fault symptom to attribute")
     for rank, c in enumerate(d.candidates[:limit], 1):
         m = c.mode
         lines.append(f"  {rank}. {m.id:<26} {c.confidence * 100:5.1f}%  {m.name}  [{c.component.name}]  "

@@ -64,7 +64,9 @@ class ScenarioRunner:
         stand = Stand(params, dt)
         injector = FaultInjector(fault, params) if fault is not None else None
         plc_profile = get_profile(profile if fault is None else fault.profile)
-        ring = SignalRing(cfg.signal_names, cfg.model.outputs, capacity=int(seconds / dt) + 1)
+        ring = SignalRing(cfg.signal_names, cfg.model.outputs, capacity=int(seconds / dt) + 1,
+                          n_model_inputs=len(cfg.model.inputs))
+        model_out = np.zeros(len(cfg.model.outputs), dtype=np.float32)
         stream = EventStream(maxlen=100_000)
         alerts: list[tuple] = []
         reading = np.zeros(len(SIGNALS))
@@ -100,7 +102,7 @@ class ScenarioRunner:
             in_flight = [(s, f) for s, f in in_flight if s > k]
             for f in sorted(arrived, key=lambda f: f.rx_timestamp_ns):
                 pickup = f.rx_timestamp_ns + 20_000
-                cmd, failsafe = self._step(f, pickup, ts_gate, gate, safety, injector, t, alerts)
+                cmd, failsafe = self._step(f, pickup, ts_gate, gate, safety, injector, t, alerts, model_out)
                 if cmd is None:
                     drops += 1
                     if drops < t_cfg.max_consecutive_drops:
@@ -109,7 +111,10 @@ class ScenarioRunner:
                 else:
                     drops = drops if failsafe else 0
                 safety.commit(cmd, f.sender_timestamp_ns)
-                ring.push(f.sender_timestamp_ns, f.values, cmd, failsafe)
+                if failsafe:
+                    ring.push(f.sender_timestamp_ns, f.values, cmd, failsafe)
+                else:  # as the daemon records it: the model's input and (here drifted) output of this frame
+                    ring.push_model(f.sender_timestamp_ns, f.values, cmd, failsafe, self.model.input[0], model_out, 0)
                 setpoint, last_cmd_step = float(cmd[0]), k
             for a in alerts:
                 stream.append(event_from_alert(*a))
@@ -118,8 +123,10 @@ class ScenarioRunner:
         start = EPOCH_NS + int(fault.start_s * 1e9) if fault is not None else end
         return ScenarioResult(stream.since(0), ring.window(0), end, start)
 
-    def _step(self, frame: Frame, now: int, ts_gate, gate, safety, injector, t: float, alerts: list):
-        """The pipeline's gate sequence for one frame: (command, failsafe), or (None, False) when dropped."""
+    def _step(self, frame: Frame, now: int, ts_gate, gate, safety, injector, t: float, alerts: list,
+              model_out: np.ndarray):
+        """The pipeline's gate sequence for one frame: (command, failsafe), or (None, False) when dropped.
+        `model_out` receives the model's output (a model_drift fault drifts it: the running model is off)."""
         reason = ts_gate.check(frame, now)
         if reason:
             detail = f"{ts_gate.last_transit_ns / 1e6:.3f} ms transit" if reason in (1, 2) else \
@@ -137,6 +144,7 @@ class ScenarioRunner:
         proposed = self.model.run()[0].astype(np.float64)
         if injector is not None:
             proposed[0] = injector.command(t, float(proposed[0]))
+        model_out[:] = proposed
         values = safety.apply(proposed, frame.sender_timestamp_ns).copy()
         if safety.violation:
             alerts.append((now, "safety", safety.violation, frame.publisher_id, frame.sequence_number))
