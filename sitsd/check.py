@@ -4,9 +4,13 @@
    bounding box of the admissible region.
 2. The model over that region: sound output bounds (IBP, CROWN, input splitting) proven inside
    the actuator limits of the safety envelope, or the counterexample / open sub-region that
-   prevents it. A proven result can be written as a certificate for the model.
+   prevents it. A proven result can be written as a certificate for the model, tied to the constraint
+   set by `constraints_sha256` (below) and re-checked against the running config before a hot swap.
 """
 from __future__ import annotations
+
+import hashlib
+import json
 
 import numpy as np
 
@@ -14,14 +18,56 @@ from ep.artifact import resolve_model
 from ep.bounds import BoundsError, prove
 from ep.errors import ModelLoadError
 
-from .config import Config
+from .config import Config, LinearConstraint, Signal
 from .gates.solver import check_constraints, report_text
+
+CONSTRAINTS_FORMAT = "sits2026.constraints/1"
+
+
+def _num(x: float) -> float:
+    return float(x) + 0.0  # -0.0 -> 0.0: equal values serialise alike
+
+
+def canonical_constraints(signals: list[Signal], constraints: list[LinearConstraint]) -> bytes:
+    """What defines the admissible input region, serialised so that equal regions as written give equal
+    bytes regardless of the order in the YAML. Compact JSON (sorted keys, no spaces, ASCII):
+
+        {"format": "sits2026.constraints/1",
+         "signals": [{"name", "type", "unit", "min", "max", "values", "mask"}, ...]   sorted by name
+         "constraints": [{"coefficients": [[signal, coef], ...] sorted by signal,
+                          "min", "max", "when": [[signal, op, value], ...] sorted}, ...]}
+
+    Absent fields are null; numbers are floats (`mask` an integer), -0.0 written as 0.0, enum values
+    sorted and deduplicated. Constraints are sorted by their own serialisation and deduplicated (a
+    conjunction: order and repeats do not change the region); `when` is the parsed conditions, so
+    spacing and the order of `and`-ed terms do not count. Left out, because they do not change the
+    region the bounds are proven over: constraint names, max_rate, rate_window_ms, on_invalid."""
+    sigs = [{"name": s.name, "type": s.type, "unit": s.unit,
+             "min": None if s.min is None else _num(s.min), "max": None if s.max is None else _num(s.max),
+             "values": None if s.values is None else sorted({_num(v) for v in s.values}),
+             "mask": s.mask}
+            for s in sorted(signals, key=lambda s: s.name)]
+    rows = set()
+    for c in constraints:
+        row = {"coefficients": sorted([name, _num(coef)] for name, coef in c.coefficients.items()),
+               "min": None if c.min is None else _num(c.min), "max": None if c.max is None else _num(c.max),
+               "when": sorted({(d.signal, d.op, _num(d.value)) for d in c.conditions})}
+        rows.add(json.dumps(row, sort_keys=True, separators=(",", ":")))
+    data = {"format": CONSTRAINTS_FORMAT, "signals": sigs, "constraints": [json.loads(r) for r in sorted(rows)]}
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def constraints_sha256(signals: list[Signal], constraints: list[LinearConstraint]) -> str:
+    """SHA-256 (hex) of `canonical_constraints`: the constraint set a bounds certificate was made for.
+    The only place it is computed; `sitsctl check` writes it, `swap_bounds_check` compares it."""
+    return hashlib.sha256(canonical_constraints(signals, constraints)).hexdigest()
 
 
 def run_check(cfg: Config, max_splits: int = 256, model_bytes: bytes | None = None) -> dict:
     """`model_bytes`: the ONNX bytes to prove, already read (and hash-checked) by the caller; default: read
     from `cfg.model.artifact`."""
     rep = check_constraints(cfg.signals, cfg.constraints)
+    digest = constraints_sha256(cfg.signals, cfg.constraints)
     by_output = {a.output: a for a in cfg.safety.actuators}
     limits = {o: [by_output[o].min, by_output[o].max] for o in cfg.model.outputs}
     result = {
@@ -36,8 +82,10 @@ def run_check(cfg: Config, max_splits: int = 256, model_bytes: bytes | None = No
         "actuator_limits": limits,
         "ibp_width": None,
         "crown_width": None,
+        "constraints_sha256": digest,
     }
-    report = [report_text(rep, cfg.signals)]
+    report = [report_text(rep, cfg.signals),
+              f"constraints SHA-256 {digest} (canonical signals and constraints; a bounds certificate is tied to it)"]
     if not rep.satisfiable:
         report.append("model bounds: not analysed (no input satisfies the constraints)")
         return {**result, "report": "\n".join(report)}
@@ -171,7 +219,8 @@ def _pre_head_widths(model_bytes: bytes, lower, upper) -> tuple[str, float, floa
 
 def certify_model(cfg: Config, result: dict, max_splits: int = 256):
     """A bounds certificate for the config's model over the admissible box `run_check` found (the
-    deployed graph: for a compiled artifact, its dequantized weights)."""
+    deployed graph: for a compiled artifact, its dequantized weights), carrying the hash of the
+    config's constraint set (`constraints_sha256`)."""
     from ep.bounds import certify
 
     lower = [result["bounding_box"][n][0] for n in cfg.model.inputs]
@@ -179,13 +228,15 @@ def certify_model(cfg: Config, result: dict, max_splits: int = 256):
     limits = [result["actuator_limits"][o] for o in cfg.model.outputs]
     model_bytes = resolve_model(cfg.model.artifact)[0]
     return certify(model_bytes, lower, upper, [lo for lo, _ in limits], [hi for _, hi in limits],
-                   max_splits=max_splits)
+                   max_splits=max_splits, constraints_sha256=constraints_sha256(cfg.signals, cfg.constraints))
 
 
 def swap_bounds_check(cfg: Config, candidate, expected_sha256: str | None = None) -> tuple[bool, str]:
     """Before a model is swapped in: re-check the certificate its manifest carries, if it covers the
     running config's admissible box and actuator limits (fast: replays the recorded splits); else
     prove the bounds from scratch as `sitsctl check` does. Returns (proven, report).
+    A certificate made for another constraint set than the running config's (its constraints_sha256
+    differs), or one without that hash (it predates it), is refused: run `sitsctl check` again.
     `expected_sha256` (the hash of what the daemon loaded): the candidate is read once, checked against
     it, and those very bytes are proven, so a file replaced after the daemon loaded it is refused rather
     than proven in its new form."""
@@ -193,7 +244,7 @@ def swap_bounds_check(cfg: Config, candidate, expected_sha256: str | None = None
 
     from ep.artifact import read_certificate
     from ep.bounds import CertificateError
-    from ep.bounds.certificate import Certificate, verify_certificate
+    from ep.bounds.certificate import Certificate, check_constraints_hash, verify_certificate
 
     candidate = Path(candidate)
     trial = cfg.model_copy(update={"model": cfg.model.model_copy(update={"artifact": candidate})})
@@ -213,6 +264,15 @@ def swap_bounds_check(cfg: Config, candidate, expected_sha256: str | None = None
         except ModelLoadError as exc:
             return False, f"model {candidate}: {exc}"
     if cert_data is not None:
+        try:
+            cert = Certificate.from_json(json.dumps(cert_data))
+        except CertificateError as exc:
+            return False, f"model {candidate}: certificate in the manifest does not hold: {exc}"
+        running = constraints_sha256(cfg.signals, cfg.constraints)
+        try:
+            check_constraints_hash(cert, running)
+        except CertificateError as exc:
+            return False, f"model {candidate}: certificate in its manifest refused: {exc}"
         rep = check_constraints(cfg.signals, cfg.constraints)
         if not rep.satisfiable:
             return False, "the running config's constraints are not satisfiable"
@@ -222,15 +282,13 @@ def swap_bounds_check(cfg: Config, candidate, expected_sha256: str | None = None
         lim_lo = np.array([by_output[o].min for o in cfg.model.outputs])
         lim_hi = np.array([by_output[o].max for o in cfg.model.outputs])
         try:
-            import json
-
-            cert = Certificate.from_json(json.dumps(cert_data))
             covers = (np.all(np.array(cert.input_lower) <= lower) and np.all(np.array(cert.input_upper) >= upper)
                       and np.all(np.array(cert.output_lower) >= lim_lo) and np.all(np.array(cert.output_upper) <= lim_hi))
             if covers:
-                v = verify_certificate(model_bytes or resolve_model(candidate)[0], cert)
-                return True, (f"model {candidate.name}: certificate in its manifest re-checked ({v.leaves} boxes, "
-                              f"{v.seconds * 1e3:.0f} ms): outputs in [{', '.join(f'{x:.6g}' for x in v.lower)}] .. "
+                v = verify_certificate(model_bytes or resolve_model(candidate)[0], cert, constraints_sha256=running)
+                return True, (f"model {candidate.name}: certificate in its manifest re-checked (constraints SHA-256 "
+                              f"{running[:16]}.. as running, {v.leaves} boxes, {v.seconds * 1e3:.0f} ms): outputs in "
+                              f"[{', '.join(f'{x:.6g}' for x in v.lower)}] .. "
                               f"[{', '.join(f'{x:.6g}' for x in v.upper)}], inside the actuator limits")
             note = "its certificate does not cover the running config's input box or limits; proving anew"
         except (CertificateError, ModelLoadError) as exc:

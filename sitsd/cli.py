@@ -51,7 +51,8 @@ def _cmd_demo(args) -> int:
     result = run_demo(seconds=args.seconds, config_path=args.config, force_software=args.software,
                       seed=args.seed, rate_hz=args.rate, transport=args.transport, security=args.security,
                       field_encoding=args.field_encoding, profile=args.profile, signing=args.signing,
-                      proof_every=args.proofs, compiled=not args.onnx, certify_session=args.certify_session)
+                      proof_every=args.proofs, compiled=not args.onnx, certify_session=args.certify_session,
+                      metrics=args.metrics)
     print(human_summary(result))
     if args.json:
         print(json.dumps(result))
@@ -374,13 +375,20 @@ def _cmd_check(args) -> int:
         from .check import certify_model
 
         cert = certify_model(cfg, result, max_splits=args.max_splits)
+        # what the certificate is for: the model, and the constraint set (sitsd.check.constraints_sha256) whose
+        # admissible box it covers; a hot swap refuses it under other constraints
+        result["certificate"] = {"model_sha256": cert.model_sha256, "constraints_sha256": cert.constraints_sha256,
+                                 "method": cert.method}
         if is_artifact:  # the manifest carries it; a hot swap re-checks it before the model goes live
             from ep.artifact import attach_certificate
 
-            print(f"certificate stored in {attach_certificate(cfg.model.artifact, json.loads(cert.to_json()))}")
+            where = attach_certificate(cfg.model.artifact, json.loads(cert.to_json()))
+            result["certificate"]["stored_in"] = str(where)
+            print(f"certificate stored in {where} (constraints SHA-256 {cert.constraints_sha256})")
         if args.certificate:
             args.certificate.write_text(cert.to_json())
-            print(f"certificate written to {args.certificate}")
+            result["certificate"]["written_to"] = str(args.certificate)
+            print(f"certificate written to {args.certificate} (constraints SHA-256 {cert.constraints_sha256})")
     if args.json:
         print(json.dumps(result))
     return 0 if result["satisfiable"] and result["bounds_proven"] and not result["unreachable"] else 1
@@ -500,6 +508,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--onnx", action="store_true",
                       help="run the config's .onnx as is; by default the demo runs the artifact "
                       "examples/compile-demo-model.sh compiles from it (cached after the first run)")
+
+    def metrics_address(text: str) -> str:  # checked while parsing (argparse: "invalid metrics_address value")
+        from .demo import parse_metrics_address
+
+        parse_metrics_address(text)
+        return text
+
+    demo.add_argument("--metrics", metavar="HOST:PORT", default=None, type=metrics_address,
+                      help="serve the daemon's Prometheus metrics at http://HOST:PORT/metrics while the demo runs "
+                      "(port 0: a free one; the URL is printed and is metrics_url in --json). The endpoint stays up "
+                      "until the summary is taken, so its sitsd_latency_seconds histogram covers the same commands as "
+                      "the summary's latency (PLC send -> write acknowledged; count = commands - 1, the startup "
+                      "fail-safe has no frame). Without it the demo's daemon serves metrics on a free 127.0.0.1 port")
     demo.set_defaults(func=_cmd_demo)
 
     status = sub.add_parser("status", help="ask a running sitsd for uptime, model, signer, counters, latency")

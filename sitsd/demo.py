@@ -15,8 +15,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
+
+import numpy as np
 
 from attestation.signers import SoftwareSigner
 
@@ -31,6 +34,26 @@ TRANSPORTS = ("udp", "opcua", "eth")
 DEMO_ETH_URL = "opc.eth://01-00-5E-7F-00-01:100.5"  # multicast MAC, VLAN 100, PCP 5
 SIM_NAMESPACE = "urn:sits2026:plc-simulator"
 DEFAULT_CONFIG = REPO_ROOT / "examples" / "rolling-mill.yaml"
+
+
+def parse_metrics_address(text: str) -> tuple[str, int]:
+    """`sitsctl demo --metrics HOST:PORT` (also `[::1]:PORT`, and `:PORT` or `PORT` for 127.0.0.1; port 0 picks a
+    free one): (host, port). ValueError for anything else."""
+    t = text.strip()
+    if t.startswith("["):  # an IPv6 address
+        host, _, rest = t[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    elif ":" in t:
+        host, _, port = t.rpartition(":")
+    else:
+        host, port = "", t
+    if not port.isdigit() or int(port) > 65535 or (":" in host and not t.startswith("[")) or " " in host:
+        raise ValueError(f"metrics address {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9464 (port 0: a free one)")
+    return host or "127.0.0.1", int(port)
+
+
+def _metrics_url(host: str, port: int) -> str:
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
 
 
 def _free_udp_port() -> int:
@@ -126,7 +149,8 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
              rate_hz: float = 100.0, overrides: dict | None = None, transport: str = "udp",
              security: str = "sign-and-encrypt", field_encoding: str = "variant",
              profile: str = "simulator", signing: str = "tpm-session", proof_every: int = 0,
-             compiled: bool = True, certify_session: bool = False) -> dict:
+             compiled: bool = True, certify_session: bool = False, metrics: str | None = None,
+             on_metrics: Callable[[str, str], None] | None = None) -> dict:
     """Run the closed loop for `seconds` (or until `frames` frames) and return the summary dict.
 
     transport: "udp" (UADP over UDP multicast, read by the loop thread) or "opcua" (an OPC UA
@@ -135,9 +159,22 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
     proof_every: prove every n-th command (Groth16, off the fast path); each proof made is then
     verified by our verifier and by snarkjs (one Node process) and counted in the summary.
     compiled: an MLP given as a .onnx file runs as the artifact examples/compile-demo-model.sh makes of it
-    (compiled into a cache directory on first use, sitsd/demo_model.py); False runs the .onnx as is."""
+    (compiled into a cache directory on first use, sitsd/demo_model.py); False runs the .onnx as is.
+    metrics: "HOST:PORT" (port 0: a free one) to serve the daemon's Prometheus endpoint (sitsd/metrics.py) there. The
+    demo owns this endpoint rather than the daemon (the config's metrics section is turned off): it serves from the
+    daemon's READY until the summary has been read after the daemon stopped, so a last scrape sees exactly the
+    rows the summary's latency_us comes from. Its URL is printed and returned as metrics_url.
+    on_metrics: called as on_metrics("serving", url) once the endpoint serves the running daemon, and as
+    on_metrics("stopped", url) after the daemon stopped and the summary's numbers were taken, the endpoint still up.
+
+    The summary's latency_us and the endpoint's sitsd_latency_seconds histogram measure the same span, read from the
+    same TimingRing column: the PLC's send timestamp of a frame to the acknowledged write of its command. latency_us
+    count is the number of those samples: commands - 1 (the startup fail-safe command answers no frame and has no
+    latency), as long as the run stays within the ring (65536 frames; beyond that the percentiles cover the newest
+    65536 frames while the histogram stays cumulative)."""
     if transport not in TRANSPORTS:
         raise ValueError(f"transport {transport!r}: choose one of {', '.join(TRANSPORTS)}")
+    metrics_at = parse_metrics_address(metrics) if metrics is not None else None
     from attestation.tpm import Swtpm, TpmSigner, swtpm_available
 
     def say(msg: str) -> None:
@@ -150,6 +187,7 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
     sim = None
     signer = None
     link = None
+    exporter = None
     try:
         if transport == "eth":
             from .demo_netns import DemoLink
@@ -227,7 +265,9 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
             **attestation, **certify, **transport_cfg,
             "plc.endpoint": sim.endpoint, "plc.command_node": f"nsu={SIM_NAMESPACE};s=RollingMill.RollGapCommand",
             "plc.security": security, "plc.pki_dir": str(workdir / "pki-sitsd"), "plc.profile": profile,
-            "metrics.port": 0,
+            # without --metrics the daemon serves its own endpoint on a free port (status: metrics_url); with it the
+            # demo serves one that outlives the daemon's stop (see the docstring)
+            **({"metrics.enabled": False} if metrics_at else {"metrics.port": 0}),
             "plc.session_nonce_node": f"nsu={SIM_NAMESPACE};s=RollingMill.SessionNonce",
             "plc.session_credential_node": f"nsu={SIM_NAMESPACE};s=RollingMill.SessionCredential",
             **({} if profile == "simulator" else {  # only vendor profiles emulate status words and diagnostics
@@ -247,6 +287,22 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
         if daemon.startup_error is not None:
             raise StartupError(f"sitsd did not start: {daemon.startup_error}")
         say(f"sitsd running: model {model_sha[:16]}…, PLC {sim.endpoint}, control socket {workdir / 'control.sock'}")
+        metrics_url = None
+        if metrics_at is not None:
+            from .metrics import MetricsExporter
+
+            exporter = MetricsExporter(daemon)
+            try:
+                bound = exporter.start(*metrics_at)
+            except OSError as exc:
+                exporter = None
+                daemon.request_stop()
+                thread.join(10)
+                raise StartupError(f"metrics endpoint {metrics_at[0]}:{metrics_at[1]}: {exc}") from exc
+            metrics_url = _metrics_url(metrics_at[0], bound)
+            say(f"metrics: {metrics_url} (Prometheus; serves until the summary)")
+            if on_metrics is not None:
+                on_metrics("serving", metrics_url)
         start = time.monotonic()
         next_report = start + 1.0
         while True:
@@ -267,8 +323,15 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
         # after the daemon stopped: the commands its shutdown drain still wrote are in the PLC's count too
         plc_stats = sim.ask("stats", "stats")
         status = daemon.status()
+        filled = daemon.timings.latency_us[:min(daemon.timings.rows_written, daemon.timings.capacity)]
+        latency_count = int(np.isfinite(filled).sum())
         sim.close()
         sim = None
+        if exporter is not None:
+            if on_metrics is not None:
+                on_metrics("stopped", metrics_url)
+            exporter.stop()
+            exporter = None
         c = status["counters"]
         proofs = verify_demo_proofs(workdir / "proofs", say) if proof_every else None
         return {
@@ -277,7 +340,8 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
             "commands": c["commands"],
             "dropped": c["dropped"],
             "rejected_by_plc": plc_stats["rejected"],
-            "latency_us": status["latency_us"],
+            "latency_us": {**status["latency_us"], "count": latency_count},
+            "metrics_url": metrics_url,
             "stages_us": {k: {"p50": v["p50"], "p99": v["p99"]} for k, v in status["stages_us"].items()},
             "signer": status["signer"],
             "signing_mode": status["signing_mode"],
@@ -307,6 +371,8 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
             "recent_alerts": [f"{a['kind']}: {a['reason']}" for a in status["recent_alerts"]],
         }
     finally:
+        if exporter is not None:
+            exporter.stop()
         if sim is not None:
             sim.close()
         if signer is not None:

@@ -1,5 +1,10 @@
-"""Bounds certificates: what was proven for which model file and input box, serialisable, and
-re-checkable quickly (replay the recorded splits, bound the leaves once) before a hot swap."""
+"""Bounds certificates: what was proven for which model file, input box and constraint set, serialisable,
+and re-checkable quickly (replay the recorded splits, bound the leaves once) before a hot swap.
+
+`constraints_sha256` ties a certificate to the constraints whose admissible region gave the box: the
+SHA-256 of their canonical serialisation, computed in one place, `sitsd.check.constraints_sha256`
+(this layer treats it as an opaque hex string). A certificate written before the field existed has it
+empty; it still loads, but `check_constraints_hash` refuses it."""
 from __future__ import annotations
 
 import hashlib
@@ -39,6 +44,8 @@ class Certificate:
     width: float                # total width of the bounds found (<= certified width)
     split_log: list = field(default_factory=list)  # [path, dim, at]: replays the partition
     box_sha256: str = ""
+    # SHA-256 of the canonical constraint set the box came from ("" in certificates that predate it)
+    constraints_sha256: str = ""
     format: str = FORMAT
 
     def __post_init__(self) -> None:
@@ -62,7 +69,28 @@ class Certificate:
             raise CertificateError("certificate box or bounds have inconsistent lengths")
         if cert.box_sha256 != box_sha256(cert.input_lower, cert.input_upper):
             raise CertificateError("certificate box does not match its hash (edited?)")
+        if cert.constraints_sha256 and not _is_sha256(cert.constraints_sha256):
+            raise CertificateError(f"certificate constraints_sha256 {cert.constraints_sha256!r} is not a SHA-256 "
+                                   "(64 lowercase hex digits)")
         return cert
+
+
+def _is_sha256(text) -> bool:
+    return isinstance(text, str) and len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
+def check_constraints_hash(cert: Certificate, expected: str) -> None:
+    """Raises CertificateError unless `cert` was made for the constraint set whose hash is `expected`
+    (`sitsd.check.constraints_sha256` of the running config). A certificate without the hash (written
+    before certificates carried it) is refused too: nothing says which constraints its box came from."""
+    if not cert.constraints_sha256:
+        raise CertificateError("certificate predates constraint hashing (it has no constraints_sha256), so "
+                               "nothing ties it to the running constraints: refused; re-run `sitsctl check "
+                               "--config CONFIG` to certify the model for them")
+    if cert.constraints_sha256 != expected.lower():
+        raise CertificateError(f"certificate was made for other constraints: its constraints SHA-256 is "
+                               f"{cert.constraints_sha256}, the running config's is {expected.lower()}: refused; "
+                               "run `sitsctl check --config CONFIG` again to certify the model for these constraints")
 
 
 def _model_bytes(model: str | Path | bytes) -> bytes:
@@ -70,10 +98,13 @@ def _model_bytes(model: str | Path | bytes) -> bytes:
 
 
 def certify(model_path: str | Path | bytes, lower, upper, out_lower=None, out_upper=None, max_splits: int = 256,
-            samples: int = 2048) -> Certificate:
+            samples: int = 2048, constraints_sha256: str = "") -> Certificate:
     """Proves the limits (or, where a limit is None, finds bounds) and returns a certificate;
     raises BoundsError with the counterexample or the open sub-box when it cannot. `model_path` may
-    be the serialized model itself (a compiled artifact's deployed graph)."""
+    be the serialized model itself (a compiled artifact's deployed graph). `constraints_sha256`: the
+    hash of the constraint set the box was derived from (`sitsd.check.constraints_sha256`), recorded."""
+    if constraints_sha256 and not _is_sha256(constraints_sha256):
+        raise ValueError(f"constraints_sha256 {constraints_sha256!r} is not a lowercase hex SHA-256")
     data = _model_bytes(model_path)
     res = prove(data, lower, upper, out_lower, out_upper, max_splits=max_splits, samples=samples)
     if not res.proven:
@@ -84,7 +115,7 @@ def certify(model_path: str | Path | bytes, lower, upper, out_lower=None, out_up
     claim_hi = np.where(np.isfinite(res.limits_upper), res.limits_upper, res.upper + pad_hi)
     return Certificate(hashlib.sha256(data).hexdigest(), res.box_lower.tolist(), res.box_upper.tolist(),
                        claim_lo.tolist(), claim_hi.tolist(), res.method, res.splits, res.ibp_width,
-                       res.crown_width, res.width, res.split_log)
+                       res.crown_width, res.width, res.split_log, constraints_sha256=constraints_sha256)
 
 
 def describe_failure(res) -> str:
@@ -106,10 +137,14 @@ class Verification:
     seconds: float
 
 
-def verify_certificate(model_path: str | Path | bytes, cert: Certificate, samples: int = 256) -> Verification:
+def verify_certificate(model_path: str | Path | bytes, cert: Certificate, samples: int = 256,
+                       constraints_sha256: str | None = None) -> Verification:
     """Raises CertificateError unless the file (or serialized model) is the certified model and its
-    bounds still hold."""
+    bounds still hold; given `constraints_sha256`, also unless the certificate was made for that
+    constraint set (check_constraints_hash)."""
     t0 = time.perf_counter()
+    if constraints_sha256 is not None:
+        check_constraints_hash(cert, constraints_sha256)
     data = _model_bytes(model_path)
     digest = hashlib.sha256(data).hexdigest()
     if digest != cert.model_sha256:

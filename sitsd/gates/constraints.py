@@ -31,10 +31,12 @@ class ConstraintGate:
         self.hi = np.array([s.upper for s in signals])
         self.max_rate = np.array([s.max_rate if s.max_rate else np.inf for s in signals])
         self.has_rates = bool(np.isfinite(self.max_rate).any())
-        # Rates are measured against the newest accepted value that is at least rate_window_ms old
-        # (without a window: the previous accepted frame). Two references per signal make that O(1):
-        # `cand` is taken every window, `ref` is the `cand` before it, so one of them is always at
-        # least a window old (and at most about two windows).
+        # Rates are measured against an accepted value at least rate_window_ms old (without a window: the
+        # previous accepted frame). Two references per signal make that O(1): `cand` is sampled from the
+        # accepted frames at least a window apart, `ref` is the `cand` before it, and the newer of the two
+        # that is a window old is used, so the reference is one to about two windows old (not always the
+        # newest accepted value a window old). An accepted frame stamped before the previous one (the clock
+        # stepped back) restarts both from itself.
         self._window_ns = np.array([int(s.rate_window_ms * 1e6) for s in signals], dtype=np.int64)
         self._cand_v, self._ref_v = np.zeros(n), np.zeros(n)
         self._cand_t, self._ref_t = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
@@ -142,9 +144,17 @@ class ConstraintGate:
                     over &= self._active(values)
                 if over.any():
                     return 4 * n + int(np.argmax(over))
+        stepped_back = self._has_prev and timestamp_ns < self._prev_ns
         self._prev[:] = values
         self._prev_ns = timestamp_ns
         if self._has_windows:
+            if stepped_back:
+                # the sender's clock stepped back: references stamped after this frame would not be a window
+                # old again until the clock caught up (no rate check until then, seconds after a big step),
+                # and a window-0 signal would not measure against this, the previous, frame. Restart the
+                # references from this frame, as at the first frame.
+                self._cand_set.fill(False)
+                self._ref_set.fill(False)
             promote = self._cand_ok
             np.subtract(timestamp_ns, self._cand_t, out=self._age)
             np.greater_equal(self._age, self._window_ns, out=promote)

@@ -1,9 +1,17 @@
 """Deploy-time analysis of the constraint gate's rules with z3: can any input pass them all, which rules
 contradict each other, which are redundant, and what range each signal is left with.
-Exact rational arithmetic throughout, so an answer here is a proof, not a float estimate."""
+Exact rational arithmetic throughout, so an answer here is a proof, not a float estimate.
+
+Ctrl-C: during a z3 call z3's own SIGINT handler catches the signal and cancels the call, which then
+answers `unknown` with the same reason ("canceled") as a timeout. So the time limit is kept here (a
+timer that interrupts the call and notes that it did), not by z3: an `unknown` this module did not cause
+is the Ctrl-C z3 swallowed, and it is raised again as KeyboardInterrupt, so `sitsctl check` and `deploy`
+stop instead of reporting the checks as timed out and going on."""
 from __future__ import annotations
 
 import math
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -58,8 +66,7 @@ class _System:
         self.domains = [self._item(f"signal:{s.name}", self._domain(s)) for s in signals]
         self.constraints = [self._item(c.name, self._constraint(c)) for c in constraints]
         self.items = self.domains + self.constraints
-        self.solver = z3.Solver(ctx=self.ctx)
-        self.solver.set("timeout", timeout_ms)
+        self.solver = z3.Solver(ctx=self.ctx)  # no z3 timeout: `run` keeps the limit (see the module doc)
         for it in self.items:
             self.solver.add(z3.Implies(it.switch, it.formula))
 
@@ -109,14 +116,58 @@ class _System:
         return self.var[name]
 
     def check(self, subset: list[_Item]) -> z3.CheckSatResult:
-        return self.solver.check(*[it.switch for it in subset])
+        return self.run(self.solver, *[it.switch for it in subset])
+
+    def run(self, engine: z3.Solver | z3.Optimize, *assumptions, limited: bool = True) -> z3.CheckSatResult:
+        """`engine.check(*assumptions)`, within the system's timeout_ms if `limited`. Past the limit a timer
+        interrupts the call, which answers `unknown` as z3's own timeout would. A call cancelled by
+        anything else was cancelled by z3's Ctrl-C handler (nothing else holds this private context), and
+        that interrupt is passed on: see _interrupted."""
+        limit = self.timeout_ms if limited else 0
+        timed_out, lock, running = threading.Event(), threading.Lock(), [True]
+
+        def expire() -> None:
+            with lock:  # never interrupt once the call is over: the interrupt could hit the next call
+                if running[0]:
+                    timed_out.set()
+                    self.ctx.interrupt()
+
+        timer = threading.Timer(limit / 1000, expire) if limit else None
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        try:
+            verdict = engine.check(*assumptions)
+        finally:
+            with lock:
+                running[0] = False
+            if timer is not None:
+                timer.cancel()
+        if verdict == z3.unknown and not timed_out.is_set() and engine.reason_unknown() in _CANCELED:
+            _interrupted()
+        return verdict
+
+
+# what z3 answers as the reason for a call cancelled by a timeout, Context.interrupt() or its Ctrl-C handler
+# (with assumptions, and from Optimize, all of them read "canceled")
+_CANCELED = ("canceled", "interrupted", "interrupted from keyboard")
+
+
+def _interrupted() -> None:
+    """z3's handler swallowed a SIGINT: hand it on to what the process does with one. Under Python's
+    default that is KeyboardInterrupt, raised here. A handler of the program's own gets the signal again
+    (it runs in the main thread); SIG_IGN ignores it. In those two cases the call stays `unknown`."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        raise KeyboardInterrupt("z3 check interrupted (Ctrl-C)")
+    signal.raise_signal(signal.SIGINT)
 
 
 def check_constraints(signals: list[Signal], constraints: list[LinearConstraint],
                       timeout_ms: int = 5000) -> ConstraintReport:
     """Analyse the domains and linear constraints as the gate enforces them (a constraint with `when`
     applies only while all its conditions hold). `timeout_ms` bounds each z3 call, not the whole run;
-    a call that runs out is named in `unknown` and never raises.
+    a call that runs out is named in `unknown` and never raises. Ctrl-C during a z3 call raises
+    KeyboardInterrupt (z3 swallows the signal; see the module doc).
 
     `redundant` lists every constraint implied by the domains and all the *other* constraints, each tested
     on its own: two constraints that imply each other are both listed, yet only one of them can go.
@@ -180,7 +231,7 @@ def _contradictions(system: _System, unknown: list[str]) -> tuple[tuple[str, ...
     explored = z3.Solver(ctx=system.ctx)
     cores: list[list[_Item]] = []
     for _ in range(MAX_SEEDS):
-        if len(cores) == MAX_CORES or explored.check() != z3.sat:
+        if len(cores) == MAX_CORES or system.run(explored, limited=False) != z3.sat:
             break
         chosen = explored.model()
         # switches the map leaves open count as on: the larger the seed, the more it can contain
@@ -261,13 +312,12 @@ def _redundant(system: _System, unknown: list[str]) -> tuple[str, ...]:
 def _bounding_box(system: _System, unknown: list[str]) -> dict[str, tuple[float, float]]:
     """Per signal, the infimum and supremum over the admissible region (z3's optimiser handles mixed real
     and integer variables). Rounded outward to floats so that every admissible value lies inside."""
-    opt = z3.Optimize(ctx=system.ctx)
-    opt.set("timeout", system.timeout_ms)
+    opt = z3.Optimize(ctx=system.ctx)  # no z3 timeout: system.run keeps the limit
     opt.add(*[it.formula for it in system.items])
     box = {}
     for s in system.signals:
-        lo = _extreme(opt, system.var[s.name], opt.minimize)
-        hi = _extreme(opt, system.var[s.name], opt.maximize)
+        lo = _extreme(system, opt, system.var[s.name], opt.minimize)
+        hi = _extreme(system, opt, system.var[s.name], opt.maximize)
         if lo is None:
             unknown.append(f"bounds:{s.name}.min")
         if hi is None:
@@ -277,11 +327,11 @@ def _bounding_box(system: _System, unknown: list[str]) -> dict[str, tuple[float,
     return box
 
 
-def _extreme(opt: z3.Optimize, x: z3.ArithRef, direction) -> Fraction | None:
+def _extreme(system: _System, opt: z3.Optimize, x: z3.ArithRef, direction) -> Fraction | None:
     opt.push()
     try:
         goal = direction(x)
-        return _closure_value(goal.value(), x.ctx) if opt.check() == z3.sat else None
+        return _closure_value(goal.value(), x.ctx) if system.run(opt) == z3.sat else None
     finally:
         opt.pop()
 

@@ -475,3 +475,34 @@ def test_certificate_rejects_a_modified_model(tmp_path):
 def test_certify_refuses_a_false_limit(tmp_path):
     with pytest.raises(BoundsError, match="counterexample"):
         certify(_unbounded_file(tmp_path), *WIDE, -0.15, 0.15, max_splits=8, samples=200)
+
+
+def test_certificate_carries_the_constraint_hash_and_refuses_others(tmp_path):
+    """constraints_sha256 is recorded, survives the JSON, and verify_certificate given the running
+    constraint hash refuses a certificate for another set (naming both hashes) or one without a hash."""
+    from ep.bounds.certificate import check_constraints_hash
+
+    path = _unbounded_file(tmp_path)
+    mine, other = hashlib.sha256(b"these constraints").hexdigest(), hashlib.sha256(b"others").hexdigest()
+    cert = certify(path, *TIGHT, -0.74, 0.74, samples=300, constraints_sha256=mine)
+    again = Certificate.from_json(cert.to_json())
+    assert again.constraints_sha256 == mine and again == cert
+    verify_certificate(path, again, constraints_sha256=mine)
+    check_constraints_hash(again, mine.upper())  # hex case does not matter
+    with pytest.raises(CertificateError, match="other constraints") as err:
+        verify_certificate(path, again, constraints_sha256=other)
+    assert mine in str(err.value) and other in str(err.value) and "sitsctl check" in str(err.value)
+
+    data = json.loads(cert.to_json())
+    del data["constraints_sha256"]  # written before certificates carried the hash: still readable
+    old = Certificate.from_json(json.dumps(data))
+    assert old.constraints_sha256 == ""
+    verify_certificate(path, old)  # without a running hash to compare, the bounds still verify
+    with pytest.raises(CertificateError, match="predates constraint hashing.*sitsctl check"):
+        verify_certificate(path, old, constraints_sha256=mine)
+
+    data["constraints_sha256"] = "not a hash"
+    with pytest.raises(CertificateError, match="constraints_sha256"):
+        Certificate.from_json(json.dumps(data))
+    with pytest.raises(ValueError, match="constraints_sha256"):
+        certify(path, *TIGHT, -0.74, 0.74, samples=300, constraints_sha256="xyz")

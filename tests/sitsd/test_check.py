@@ -69,11 +69,20 @@ def test_limits_the_model_can_break_are_not_proven(tmp_path):
 
 
 def test_certificate_is_written_and_verifies(tmp_path):
+    """The certificate, and the JSON, carry the hash of the constraint set the box came from."""
+    from sitsd.config import load_config
+
     cert_path = tmp_path / "cert.json"
-    rc, _, _ = _check("--certificate", str(cert_path))
-    assert rc == 0
+    rc, result, text = _check("--certificate", str(cert_path))
+    assert rc == 0, text
     cert = Certificate.from_json(cert_path.read_text())
     verify_certificate(DEMO_MODEL, cert)  # raises if the model or the bounds changed
+    expected = _hash(load_config(EXAMPLE_CONFIG))
+    assert cert.constraints_sha256 == expected
+    assert result["constraints_sha256"] == expected and f"constraints SHA-256 {expected}" in text
+    assert result["certificate"] == {"model_sha256": cert.model_sha256, "constraints_sha256": expected,
+                                     "method": cert.method, "written_to": str(cert_path)}
+    verify_certificate(DEMO_MODEL, cert, constraints_sha256=expected)
 
 
 def test_check_stores_the_certificate_in_a_compiled_artifact_and_a_swap_rechecks_it(tmp_path):
@@ -103,11 +112,90 @@ def test_check_stores_the_certificate_in_a_compiled_artifact_and_a_swap_rechecks
     verify_certificate(resolve_model(artifact)[0], cert)
 
     cfg = load_config(EXAMPLE_CONFIG)
+    assert cert.constraints_sha256 == _hash(cfg) == result["constraints_sha256"]
     proven, report = swap_bounds_check(cfg, artifact)
     assert proven and "certificate in its manifest re-checked" in report, report
 
+    # the running config has other constraints (one bound moved): refused, both hashes named, and the fix
+    data = example_config_data()
+    data["constraints"][0]["max"] = -0.31
+    other = _load(tmp_path, data, "other.yaml")
+    proven, report = swap_bounds_check(other, artifact)
+    assert not proven and "made for other constraints" in report, report
+    assert cert.constraints_sha256 in report and _hash(other) in report and "sitsctl check" in report
+
+    # a certificate from before constraint hashing: still readable, refused at the swap with what to do
     manifest = json.loads((artifact / "manifest.json").read_text())
+    old = {k: v for k, v in manifest["bounds_certificate"].items() if k != "constraints_sha256"}
+    assert Certificate.from_json(json.dumps(old)).constraints_sha256 == ""
+    (artifact / "manifest.json").write_text(json.dumps({**manifest, "bounds_certificate": old}))
+    proven, report = swap_bounds_check(cfg, artifact)
+    assert not proven and "predates constraint hashing" in report and "sitsctl check" in report, report
+
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    manifest["bounds_certificate"]["constraints_sha256"] = cert.constraints_sha256
     manifest["bounds_certificate"]["output_upper"] = [1e-4]  # a claim the model does not meet
     (artifact / "manifest.json").write_text(json.dumps(manifest))
     proven, report = swap_bounds_check(cfg, artifact)
     assert not proven and "does not hold" in report, report
+
+
+# ---------------------------------------------------------------- the constraint hash of certificates
+
+def _load(tmp_path, data, name="c.yaml"):
+    from sitsd.config import load_config
+
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return load_config(path)
+
+
+def _hash(cfg):
+    from sitsd.check import constraints_sha256
+
+    return constraints_sha256(cfg.signals, cfg.constraints)
+
+
+def _with_two_term_when(data, terms):
+    data["constraints"].append({"name": "slow_thin_agc", "coefficients": {"strip_speed": 1.0, "exit_thickness": 0.5},
+                                "max": 4.0, "when": terms})
+    return data
+
+
+def test_constraint_hash_does_not_depend_on_the_order_in_the_yaml(tmp_path):
+    """Same signals and constraints, written in another order (lists, mapping keys, coefficients, the
+    `and`-ed terms of a `when`, its spacing): the same hash."""
+    plain = _load(tmp_path, _with_two_term_when(example_config_data(), "mill_mode == 2 and strip_speed > 1.6"),
+                  "a.yaml")
+    data = _with_two_term_when(example_config_data(), "strip_speed>1.6   and mill_mode==2")
+    data["signals"] = [dict(reversed(list(s.items()))) for s in reversed(data["signals"])]
+    data["constraints"] = [{**dict(reversed(list(c.items()))),
+                            "coefficients": dict(reversed(list(c["coefficients"].items())))}
+                           for c in reversed(data["constraints"])]
+    for s in data["signals"]:
+        if s.get("values"):
+            s["values"] = list(reversed(s["values"]))
+    shuffled = _load(tmp_path, data, "b.yaml")
+    assert [s.name for s in shuffled.signals] != [s.name for s in plain.signals]  # really reordered
+    assert _hash(shuffled) == _hash(plain)
+    # names, rate limits and the invalid-value policy do not change the admissible region
+    data["constraints"][0]["name"] = "renamed"
+    data["signals"][0]["max_rate"] = 123.0
+    assert _hash(_load(tmp_path, data, "c.yaml")) == _hash(plain)
+
+
+@pytest.mark.parametrize("change", [
+    lambda d: d["constraints"][0].__setitem__("max", -0.31),                         # a constraint's bound
+    lambda d: d["constraints"][2].__setitem__("min", 4000.5),
+    lambda d: d["constraints"][0]["coefficients"].__setitem__("entry_thickness", -1.01),
+    lambda d: d["constraints"][3].__setitem__("when", "mill_mode == 2"),             # its condition
+    lambda d: d["constraints"].pop(),                                                 # one constraint fewer
+    lambda d: d["signals"][0].__setitem__("max", 4.6),                               # a signal's range
+    lambda d: d["signals"][0].__setitem__("unit", "in"),                             # its unit
+    lambda d: d["signals"][6].__setitem__("values", [0, 1]),                         # enum values
+])
+def test_constraint_hash_changes_with_the_admissible_region(tmp_path, change):
+    base = _hash(_load(tmp_path, example_config_data(), "a.yaml"))
+    data = example_config_data()
+    change(data)
+    assert _hash(_load(tmp_path, data, "b.yaml")) != base

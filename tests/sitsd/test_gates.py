@@ -295,9 +295,159 @@ class TestRateWindows:
         assert first == 50 and g.names[results[first]] == "tension.max_rate"
         assert "changed from 120 to 150 kN in" in g.describe(results[first], np.array([150.0]))
 
+    def test_rate_limits_hold_after_the_clock_steps_back(self):
+        """After the sender's clock steps back 2 s, the references taken before the step lie in the future.
+        They restart from the first frame after the step, so a jump is caught one window later, not only
+        once the clock has caught up again; a window-0 signal measures against the previous frame."""
+        tension = Signal(name="tension", unit="kN", min=60.0, max=180.0, max_rate=400.0, rate_window_ms=20.0)
+        force = Signal(name="force", unit="kN", min=0.0, max=100.0, max_rate=400.0)  # window 0
+        g = ConstraintGate([tension, force], [])
+        t = 10_000 * MS
+        for k in range(100):
+            assert g.check(np.array([120.0, 50.0]), t + k * MS) == -1
+        back = t - 2_000 * MS
+        assert g.check(np.array([120.0, 50.0]), back) == -1  # no rate check across the step itself
+        for k in range(1, 25):
+            assert g.check(np.array([120.0, 50.0]), back + k * MS) == -1
+        got = g.check(np.array([150.0, 50.0]), back + 25 * MS)  # +30 kN over 25 ms: 1200 kN/s
+        assert got >= 0 and g.names[got] == "tension.max_rate"
+        got = g.check(np.array([120.0, 51.0]), back + 26 * MS)  # +1 kN in 2 ms since the last accepted frame
+        assert got >= 0 and g.names[got] == "force.max_rate"
+
     def test_without_a_window_the_reference_is_the_previous_accepted_frame(self):
         g, results = self._run(0.0, [120.0, 120.3, 120.6, 121.5], 1_000_000)  # 300, 300, 900 kN/s
         assert [r >= 0 for r in results] == [False, False, False, True]
+
+
+# -- property: the compiled checker against a plain reference on frame sequences, rate windows included --
+
+WINDOWED = [
+    Signal(name="mode", unit="1", type="enum", values=[0, 1, 2]),
+    Signal(name="speed", unit="m/s", min=0.0, max=10.0, max_rate=5.0, rate_window_ms=20.0, on_invalid="hold_last"),
+    Signal(name="force", unit="kN", min=0.0, max=100.0, max_rate=400.0, on_invalid="drop"),  # window 0: previous frame
+    Signal(name="tension", unit="kN", min=60.0, max=180.0, max_rate=400.0, rate_window_ms=7.5, on_invalid="hold_last"),
+    Signal(name="count", unit="1", type="int", min=0, max=100, max_rate=2000.0, rate_window_ms=3.0),
+    Signal(name="gap", unit="mm", min=0.0, max=5.0),  # no rate limit
+]
+WINDOWED_RULES = [
+    LinearConstraint(name="band", coefficients={"speed": 1.0, "force": -0.1}, min=-5.0, max=5.0),
+    LinearConstraint(name="slow_in_setup", coefficients={"speed": 1.0}, max=2.0, when="mode == 1"),
+    LinearConstraint(name="tension_per_force", coefficients={"tension": 1.0, "force": -1.5}, max=120.0,
+                     when="mode >= 1 and speed > 0.5"),
+]
+# the same signals without any rate window: the gate's plain previous-frame path
+UNWINDOWED = [s.model_copy(update={"rate_window_ms": 0.0}) for s in WINDOWED]
+
+
+class ReferenceGate:
+    """The gate's rules over a sequence of frames, written plainly, for the property test below.
+
+    Per frame: hold_last substitution (a non-finite value of a hold_last signal takes the last accepted
+    value, if all non-finite values are of such signals and a frame was accepted before), then the
+    stateless rules by `evaluate_directly`, with the rate rule slotted in after the domain rules:
+    a signal's change since its reference sample, over the time since that sample, must not exceed
+    max_rate. Samples: the first accepted frame, then each accepted frame at least rate_window_ms after
+    the signal's previous sample (every accepted frame for a window of 0). The reference is the newest
+    sample at least a window old; none: no rate check. Nor is there one unless the frame is newer than
+    the last accepted one. An accepted frame stamped before the last accepted one (the clock stepped
+    back) restarts every signal's samples with itself. Only accepted frames change the state."""
+
+    def __init__(self, signals, constraints):
+        self.signals, self.constraints = signals, constraints
+        self.window_ns = [int(s.rate_window_ms * 1e6) for s in signals]
+        self.samples = [[] for _ in signals]  # per signal: [(t_ns, value)], oldest first
+        self.prev, self.prev_ns = None, None
+
+    def check(self, values, t_ns):
+        values = list(values)
+        bad = [i for i, v in enumerate(values) if not np.isfinite(v)]
+        if bad and self.prev is not None and all(self.signals[i].on_invalid == "hold_last" for i in bad):
+            for i in bad:
+                values[i] = self.prev[i]
+        first = evaluate_directly(self.signals, self.constraints, values)
+        if first is not None and first.rsplit(".", 1)[-1] in ("finite", "range", "domain"):
+            return first
+        if self.prev is not None and t_ns > self.prev_ns:
+            for i, s in enumerate(self.signals):
+                if s.max_rate is None:
+                    continue
+                old = [(t, v) for t, v in self.samples[i] if t_ns - t >= self.window_ns[i]]
+                if old:
+                    t, v = old[-1]
+                    if abs(values[i] - v) > s.max_rate * ((t_ns - t) * 1e-9):
+                        return f"{s.name}.max_rate"
+        if first is not None:  # a linear constraint
+            return first
+        if self.prev is not None and t_ns < self.prev_ns:
+            self.samples = [[] for _ in self.signals]
+        self.prev, self.prev_ns = values, t_ns
+        for i, series in enumerate(self.samples):
+            if not series or t_ns - series[-1][0] >= self.window_ns[i]:
+                series.append((t_ns, values[i]))
+        return None
+
+
+_STEP_NS = st.one_of(st.sampled_from([0, 500_000, 1_000_000, 3_000_000, 7_500_000, 20_000_000, 19_999_999]),
+                     st.integers(0, 30_000_000), st.integers(-60_000_000, -1))  # the last: the clock steps back
+
+
+@st.composite
+def frame_sequences(draw):
+    """Random walks through the signals' ranges: small steps (that mostly pass), jumps (that trip rate
+    limits or ranges), repeats, and now and then a NaN; sender stamps that advance by 0 to 30 ms, or
+    now and then step back by up to 60 ms."""
+    lows = [s.lower for s in WINDOWED]
+    highs = [s.upper for s in WINDOWED]
+    values = [draw(st.sampled_from([0.0, 1.0, 2.0])), 1.0, 40.0, 120.0, 50.0, 2.0]
+    t = 1_000_000_000
+    frames = []
+    for _ in range(draw(st.integers(1, 40))):
+        t += draw(_STEP_NS)
+        nxt = []
+        for i, v in enumerate(values):
+            span = highs[i] - lows[i]
+            kind = draw(st.sampled_from(["same", "small", "small", "jump", "nan"] if i else ["same", "jump"]))
+            if i == 0 and kind == "jump":
+                v = draw(st.sampled_from([0.0, 1.0, 2.0, 1.5]))
+            elif kind == "small":
+                v = v + draw(st.floats(-0.004, 0.004)) * span
+                v = round(v) if WINDOWED[i].type == "int" else v
+            elif kind == "jump":
+                v = draw(st.floats(lows[i] - 0.05 * span, highs[i] + 0.05 * span))
+                v = round(v) if WINDOWED[i].type == "int" and draw(st.booleans()) else v
+            elif kind == "nan":
+                v = float("nan") if draw(st.integers(0, 9)) == 0 else v
+            nxt.append(v)
+        frames.append((t, nxt))
+        values = [v if np.isfinite(v) else values[i] for i, v in enumerate(nxt)]
+    return frames
+
+
+class TestRateWindowProperty:
+    @pytest.mark.parametrize("signals", [WINDOWED, UNWINDOWED], ids=["windows", "no-windows"])
+    @settings(max_examples=300, deadline=None)
+    @given(frames=frame_sequences())
+    def test_compiled_checker_agrees_with_the_reference_over_frame_sequences(self, signals, frames):
+        gate, ref = ConstraintGate(signals, WINDOWED_RULES), ReferenceGate(signals, WINDOWED_RULES)
+        for k, (t, values) in enumerate(frames):
+            got = gate.check(np.array(values, dtype=float), t)
+            want = ref.check(values, t)
+            assert (None if got < 0 else gate.names[got]) == want, f"frame {k} at {t} ns: {values}"
+
+    def test_the_sequences_reach_every_outcome(self):
+        """The strategy is not vacuous: across examples, rate violations of windowed and unwindowed
+        signals, linear violations and passes all occur."""
+        seen = set()
+
+        @settings(max_examples=200, deadline=None, database=None)
+        @given(frames=frame_sequences())
+        def collect(frames):
+            ref = ReferenceGate(WINDOWED, WINDOWED_RULES)
+            for t, values in frames:
+                seen.add(ref.check(values, t))
+
+        collect()
+        assert {None, "speed.max_rate", "force.max_rate", "tension.max_rate", "band"} <= seen, seen
 
 
 class TestWrongUnits:

@@ -1,6 +1,10 @@
 import itertools
 import operator
+import os
 import random
+import signal
+import threading
+import time
 
 import pytest
 import z3
@@ -209,15 +213,21 @@ def test_matches_brute_force_on_integer_grids(system):
         assert (c.name in report.redundant) == implied, c.name
 
 
+def _hard_system():
+    """40 integer signals under 40 narrow random bands: z3 needs far longer than these tests wait."""
+    rng = random.Random(0)
+    signals = [sig(f"s{i}", "int", min=-1000, max=1000) for i in range(40)]
+    constraints = []
+    for j in range(40):
+        lo = rng.randint(-100, 100)
+        coefs = {f"s{i}": rng.choice([k for k in range(-50, 51) if k]) for i in rng.sample(range(40), 8)}
+        constraints.append(lin(f"c{j}", coefs, min=lo, max=lo + 1))
+    return signals, constraints
+
+
 class TestTimeouts:
     def test_a_tiny_timeout_on_a_hard_system_reports_unknown(self):
-        rng = random.Random(0)
-        signals = [sig(f"s{i}", "int", min=-1000, max=1000) for i in range(40)]
-        constraints = []
-        for j in range(40):
-            lo = rng.randint(-100, 100)
-            coefs = {f"s{i}": rng.choice([k for k in range(-50, 51) if k]) for i in rng.sample(range(40), 8)}
-            constraints.append(lin(f"c{j}", coefs, min=lo, max=lo + 1))
+        signals, constraints = _hard_system()
         report = check_constraints(signals, constraints, timeout_ms=10)
         assert report.unknown == ("satisfiability",)
         assert not report.satisfiable and report.contradictions == () and report.seconds < 5
@@ -231,3 +241,81 @@ class TestTimeouts:
         assert report.bounding_box == {"x": (0.0, 10.0)}
         assert report.unknown == ("bounds:x.min", "bounds:x.max")
         assert "not decided within the time limit" in report_text(report)
+
+
+class TestInterrupt:
+    """z3 catches SIGINT during a call and answers `unknown`, reason "canceled", as for a timeout. Ctrl-C
+    must stop `sitsctl check` (KeyboardInterrupt), and a timeout must still be reported as one."""
+
+    @staticmethod
+    def _contexts(monkeypatch):
+        made = []
+
+        class Recording(z3.Context):
+            def __init__(self, *args, **kw):
+                super().__init__(*args, **kw)
+                made.append(self)
+
+        monkeypatch.setattr(z3, "Context", Recording)
+        return made
+
+    @staticmethod
+    def _later(seconds, action):
+        timer = threading.Timer(seconds, action)
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def test_an_interrupted_check_raises_keyboard_interrupt(self, monkeypatch):
+        made = self._contexts(monkeypatch)
+        signals, constraints = _hard_system()
+        timer = self._later(0.3, lambda: made[0].interrupt())
+        start = time.monotonic()
+        try:
+            with pytest.raises(KeyboardInterrupt, match="z3 check interrupted"):
+                check_constraints(signals, constraints, timeout_ms=60_000)
+        finally:
+            timer.cancel()
+        assert time.monotonic() - start < 10  # stopped by the interrupt, not after the 60 s limit
+
+    @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals: main thread")
+    def test_ctrl_c_during_a_check_raises_keyboard_interrupt(self):
+        """A real SIGINT: z3's handler takes it during the call, check_constraints raises it again."""
+        signals, constraints = _hard_system()
+        timer = self._later(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+        start = time.monotonic()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                check_constraints(signals, constraints, timeout_ms=60_000)
+        finally:
+            timer.cancel()
+        assert time.monotonic() - start < 10
+
+    def test_a_timeout_is_still_reported_as_a_timeout(self):
+        signals, constraints = _hard_system()
+        report = check_constraints(signals, constraints, timeout_ms=200)
+        assert report.unknown == ("satisfiability",) and not report.satisfiable
+        assert "ran out of time" in report_text(report)
+
+    def test_a_short_limit_never_turns_into_a_keyboard_interrupt(self):
+        """The limit's timer never fires into a later call (which would then look interrupted): many calls
+        under a 1 ms limit may run out of time, but never raise."""
+        cfg = load_config(EXAMPLE_CONFIG)
+        for _ in range(5):
+            report = check_constraints(cfg.signals, cfg.constraints, timeout_ms=1)
+            assert report.satisfiable or report.unknown  # a 1 ms limit may run out, but never raises
+
+    @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals: main thread")
+    def test_a_program_s_own_sigint_handler_gets_the_signal_and_the_check_stays_unknown(self, monkeypatch):
+        made = self._contexts(monkeypatch)
+        got = []
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+        try:
+            signals, constraints = _hard_system()
+            timer = self._later(0.3, lambda: made[0].interrupt())
+            report = check_constraints(signals, constraints, timeout_ms=60_000)
+            timer.cancel()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        assert got == [signal.SIGINT]
+        assert report.unknown == ("satisfiability",) and not report.satisfiable
