@@ -73,7 +73,7 @@ class RcaRecorder:
                 "model_sha256": model_sha,
                 "inputs": list(self.cfg.model.inputs),
                 "events": [e.as_dict() for e in self.events.since(since)],
-                "signals": self.ring.window(since, model_tags=generations).as_dict()}
+                "signals": self.ring.window(since, model_tags=generations).as_dict(raw=True)}
 
 
 def attach_rca(daemon) -> RcaRecorder:

@@ -9,6 +9,10 @@ import sys
 import textwrap
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sitsd.control import RawJsonString, encode_answer
 
 from ..conftest import EXAMPLE_CONFIG, REPO, random_suffix, sitsd_args, wait_ready
 
@@ -96,3 +100,38 @@ def test_access_rules_without_a_daemon():
     # no peer credentials: read-only commands only (fail closed)
     assert access.check("status", None) is None
     assert "did not report the peer's credentials" in access.check("update", None)
+
+
+# --- answers with pre-encoded strings (the `events` answer's base64 columns) ------------------------------------
+
+_B64 = st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=", max_size=40)
+_LEAF = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
+                  st.text(max_size=30), st.sampled_from(["sitsraw-0", "sitsraw-00-0", '"sitsraw-x-1"', "\x00"]),
+                  _B64.map(lambda s: ("raw", s)))
+_ANSWER = st.recursive(_LEAF, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                      st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+                       max_leaves=25)
+
+
+def _split(value):
+    """(what the handler returns, what the client must read): ("raw", s) leaves become RawJsonString / s."""
+    if isinstance(value, tuple):
+        return RawJsonString(value[1].encode()), value[1]
+    if isinstance(value, dict):
+        pairs = {k: _split(v) for k, v in value.items()}
+        return {k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()}
+    if isinstance(value, list):
+        pairs = [_split(v) for v in value]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+    return value, value
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=st.dictionaries(st.text(max_size=8), _ANSWER, max_size=5))
+def test_encode_answer_splices_raw_strings_and_is_plain_json_otherwise(body):
+    answer, expected = _split(body)
+    line = encode_answer(answer)
+    assert b"\n" not in line
+    assert json.loads(line) == expected
+    if answer == expected:  # nothing raw: exactly what json.dumps writes
+        assert line == json.dumps(answer).encode()
