@@ -638,6 +638,22 @@ class Daemon:
                     f"{', '.join(changed) or 'nothing (the same rules)'}")
         return measured
 
+    async def _roll_back_config(self, reason: str) -> None:
+        """The config `update --config` put live failed its health watch: back to the one before (measured as
+        `rollback:config`, proven for the running model first), with a `rollback` alert; if even that is refused,
+        the alert says so and the newer config keeps running."""
+        from .hotswap import SwapRefused, rollback_config
+
+        try:
+            out = await asyncio.to_thread(rollback_config, self)
+        except SwapRefused as exc:
+            self._alert("rollback", f"config update failed its health watch ({reason}), but rolling it back was "
+                        f"refused: {exc}; the updated config keeps running")
+            self.log.error("automatic config rollback refused", reason=reason, error=str(exc))
+            return
+        self._alert("rollback", f"config update rolled back to {out['config']}: {reason}")
+        self.log.warning("automatic config rollback", reason=reason, config=out["config"], sha256=out["sha256"])
+
     async def _housekeeping(self) -> None:
         watchdog_s = self.notifier.watchdog_usec / 2e6 if self.notifier.watchdog_usec else None
         last_beat, last_ping, last_status, last_malformed = -1, 0.0, 0.0, 0
@@ -648,6 +664,8 @@ class Daemon:
             if self.hotswap is not None and self.hotswap.watching:  # a fresh swap: trap/error spike -> rollback
                 try:
                     await asyncio.to_thread(self.hotswap.check_health)
+                    if (reason := self.hotswap.config_health(self.cfg)) is not None:
+                        await self._roll_back_config(reason)
                 except Exception as exc:  # never the end of housekeeping (it feeds the watchdog, drains the audit)
                     self.log.error("hot swap health check failed", error=repr(exc))
             if self.cfg is not running_cfg:

@@ -159,6 +159,7 @@ class HotSwap:
         self._generation = loop.stage_set.generation
         self._lock = threading.Lock()
         self._watch: tuple[StageSet, int, int] | None = None  # (set, failsafe count at swap, frame at swap)
+        self._config_watch: tuple | None = None  # (Config put live by update --config, failsafe, frame, refused)
         self.swapped_ns = 0  # wall-clock time of the last swap (`_activate`)
 
     # -- preparation (worker thread) --------------------------------------------------------------
@@ -492,7 +493,40 @@ class HotSwap:
 
     @property
     def watching(self) -> bool:
-        return self._watch is not None
+        return self._watch is not None or self._config_watch is not None
+
+    def watch_config(self, installed) -> None:
+        """Health-watch the config `update --config` just put live (`installed`, the Config object): the same
+        error-spike rule as a module or model swap, judged by `config_health`."""
+        c = self.loop.counters
+        self._config_watch = (installed, c.failsafe, c.frames, self._rejected_now() if self.rejections else None)
+
+    def config_health(self, running) -> str | None:
+        """Why the config updated last must be rolled back, or None: more than half of at least 20 frames since
+        it went live got the fail-safe, or the PLC refused more than half of their commands, within its first
+        WATCH_FRAMES frames. `running`: the daemon's config now; once it is another one (a reload, a rollback)
+        or the window passed, the watch ends. The caller rolls back (`rollback_config`)."""
+        watch = self._config_watch
+        if watch is None:
+            return None
+        installed, failsafe0, frames0, rejected0 = watch
+        frames = self.loop.counters.frames - frames0
+        failsafes = self.loop.counters.failsafe - failsafe0
+        if running is not installed:
+            self._config_watch = None
+            return None
+        reason = None
+        if frames >= 20 and failsafes * 2 > frames:
+            reason = f"fail-safe rate {failsafes}/{frames} frames after the config update"
+        elif frames >= 20 and rejected0 is not None and (rejected := self._rejected_now() - rejected0) * 2 > frames:
+            reason = (f"the PLC refused {rejected} of the commands of {frames} frames after the config update (does "
+                      "it pin the config's hash?)")
+        elif frames >= WATCH_FRAMES:
+            self._config_watch = None  # passed its watch
+            return None
+        if reason is not None:
+            self._config_watch = None
+        return reason
 
     def check_health(self) -> dict | None:
         """Rolls back when the set swapped in last trapped, or sent mostly fail-safes, within its first
@@ -948,6 +982,36 @@ def _config_measured(daemon) -> tuple[str, str] | None:
     return (last.name, last.sha256) if last is not None else None
 
 
+def rollback_config(daemon) -> dict:
+    """Back to the rules that ran before the last `update --config` (the Config object as it was loaded,
+    not its file re-read), proven against the running model first when the rules differ; measured as
+    `rollback:config`. Rolling back again returns to the newer config."""
+    from .deploy import _restore_config
+    from .reload import ReloadRefused, plan, prove_live
+
+    prev = getattr(daemon, "previous_config", None)
+    if prev is None:
+        raise SwapRefused("no config update to roll back: `sitsctl update --config` keeps the config it "
+                          "replaced (a restart, SIGHUP or `sitsctl reload` does not)")
+    old_cfg, old_path, old_measured, installed = prev
+    if daemon.cfg is not installed:
+        raise SwapRefused("the config changed since the last `update --config` (SIGHUP, `sitsctl reload` or a "
+                          "deploy): rolling back would skip that change; `sitsctl update --config` the one wanted")
+    current = (daemon.cfg, daemon.config_path, _config_measured(daemon))
+    changed = plan(daemon.cfg, old_cfg)
+    proof = None
+    if {"signals", "constraints", "safety"} & set(changed):
+        try:  # the model may have been swapped since that config ran: its rules must hold for this one
+            proof = prove_live(daemon, old_cfg)
+        except ReloadRefused as exc:
+            raise SwapRefused(f"the previous config's rules are not proven for the running model: {exc}") from None
+    _restore_config(daemon, old_cfg, old_path, old_measured)
+    daemon.previous_config = (*current, daemon.cfg)
+    name, sha = old_measured if old_measured is not None else (Path(old_path).name, None)
+    return {"component": "config", "name": name, "sha256": sha, "changed": changed, "proof": proof,
+            "config": str(old_path)}
+
+
 def control_handlers(daemon) -> dict:
     """`update`, `rollback` and `versions` for the control socket. The first two are coroutines that run
     the preparation on a worker thread, so the I/O event loop keeps writing PLC commands meanwhile."""
@@ -971,6 +1035,7 @@ def control_handlers(daemon) -> dict:
             if not out.get("reloaded"):
                 raise SwapRefused(out.get("error", "config refused"))
             daemon.previous_config = (*before, daemon.cfg)  # for `sitsctl rollback --config`
+            hs.watch_config(daemon.cfg)  # an error spike in its first frames rolls it back (daemon housekeeping)
             out = {**out, "component": "config", "name": path.name, "sha256": out["sha256"]}
         else:
             raise SwapRefused("update needs one of module, model, config")
@@ -980,38 +1045,9 @@ def control_handlers(daemon) -> dict:
             "component", "name", "sha256", "generation", "previous_generation", "prepare_ms", "swap_frame")})
         return {"updated": True, **out}
 
-    def _rollback_config() -> dict:
-        """Back to the rules that ran before the last `update --config` (the Config object as it was loaded,
-        not its file re-read), proven against the running model first when the rules differ; measured as
-        `rollback:config`. Rolling back again returns to the newer config."""
-        from .deploy import _restore_config
-        from .reload import ReloadRefused, plan, prove_live
-
-        prev = getattr(daemon, "previous_config", None)
-        if prev is None:
-            raise SwapRefused("no config update to roll back: `sitsctl update --config` keeps the config it "
-                              "replaced (a restart, SIGHUP or `sitsctl reload` does not)")
-        old_cfg, old_path, old_measured, installed = prev
-        if daemon.cfg is not installed:
-            raise SwapRefused("the config changed since the last `update --config` (SIGHUP, `sitsctl reload` or a "
-                              "deploy): rolling back would skip that change; `sitsctl update --config` the one wanted")
-        current = (daemon.cfg, daemon.config_path, _config_measured(daemon))
-        changed = plan(daemon.cfg, old_cfg)
-        proof = None
-        if {"signals", "constraints", "safety"} & set(changed):
-            try:  # the model may have been swapped since that config ran: its rules must hold for this one
-                proof = prove_live(daemon, old_cfg)
-            except ReloadRefused as exc:
-                raise SwapRefused(f"the previous config's rules are not proven for the running model: {exc}") from None
-        _restore_config(daemon, old_cfg, old_path, old_measured)
-        daemon.previous_config = (*current, daemon.cfg)
-        name, sha = old_measured if old_measured is not None else (Path(old_path).name, None)
-        return {"component": "config", "name": name, "sha256": sha, "changed": changed, "proof": proof,
-                "config": str(old_path)}
-
     def _rollback(req: dict) -> dict:
         if req.get("config"):
-            out = _rollback_config()
+            out = rollback_config(daemon)
             daemon.log.warning("rollback", **{k: v for k, v in out.items() if k != "proof"})
             return {"rolled_back": True, **out, "pcr": daemon.measurements.value.hex() if daemon.measurements else None}
         component = req.get("module") or ("model" if req.get("model") else None)

@@ -44,7 +44,8 @@ def stand_in(tmp_path: Path, config: Path):
     log.record("config", config.name, hashlib.sha256(config.read_bytes()).hexdigest())
     return SimpleNamespace(cfg=cfg, loop=loop, notifier=_Quiet(), log=_Quiet(), reloads=0, measurements=log,
                            status_line=lambda: "", _reload_lock=threading.Lock(), config_path=config,
-                           config_overrides={}, hotswap=object(), previous_config=None, _alert=lambda *a: None)
+                           config_overrides={}, hotswap=SimpleNamespace(watch_config=lambda cfg: None),
+                           previous_config=None, _alert=lambda *a: None)
 
 
 def configs(log) -> list[tuple[str, str, str]]:
