@@ -127,7 +127,7 @@ class HotSwap:
 
     def __init__(self, loop, host: WasmHost | None, *, n_inputs: int, n_outputs: int, bounds_check=None,
                  measure=None, alerts=None, module_specs: dict | None = None, pickup_timeout_s: float = 2.0,
-                 provider: str = "cpu", rejections=None,
+                 provider: str = "cpu", rejections=None, rebind_failures=None,
                  signatures=None, on_settled=None, pins=None, certified: tuple | None = None) -> None:
         self.loop = loop
         # attestation.certify_session: the identity (stage_identity) of the set the TPM certified the session key
@@ -149,6 +149,9 @@ class HotSwap:
         self.module_specs = module_specs or {}  # name -> schema.Module (limits, stage)
         self.pickup_timeout_s = pickup_timeout_s
         self.rejections = rejections  # () -> commands the PLC refused so far (the daemon's count), or None
+        # () -> session re-binds that failed so far (the PLC link's count: the PLC refused the credential that says
+        # what runs now, and the session ended), or None
+        self.rebind_failures = rebind_failures
         self.previous: StageSet | None = None  # the set before the last swap (`rollback` with no component)
         self._prior: dict[str, object] = {}  # per component, the version its last update replaced
         self.history: list[SwapRecord] = []
@@ -268,7 +271,8 @@ class HotSwap:
         if new not in self.sets:
             self.sets.append(new)
         self._watch = ((new, self.loop.counters.failsafe, self.loop.counters.frames,
-                        self._rejected_now() if watch_plc else None) if action == "update" else None)
+                        self._rejected_now() if watch_plc else None,
+                        self._rebind_failures_now() if watch_plc else None) if action == "update" else None)
         deadline = time.monotonic() + self.pickup_timeout_s
         while new.first_frame < 0 and time.monotonic() < deadline and self.loop.stage_set is new:
             self.between_frames(0.05)  # woken by the loop at a frame's end: no polling next to its frames
@@ -491,6 +495,9 @@ class HotSwap:
     def _rejected_now(self) -> int:
         return self.rejections() if self.rejections is not None else 0
 
+    def _rebind_failures_now(self) -> int:
+        return self.rebind_failures() if self.rebind_failures is not None else 0
+
     @property
     def watching(self) -> bool:
         return self._watch is not None or self._config_watch is not None
@@ -499,7 +506,8 @@ class HotSwap:
         """Health-watch the config `update --config` just put live (`installed`, the Config object): the same
         error-spike rule as a module or model swap, judged by `config_health`."""
         c = self.loop.counters
-        self._config_watch = (installed, c.failsafe, c.frames, self._rejected_now() if self.rejections else None)
+        self._config_watch = (installed, c.failsafe, c.frames, self._rejected_now() if self.rejections else None,
+                              self._rebind_failures_now() if self.rebind_failures else None)
 
     def config_health(self, running) -> str | None:
         """Why the config updated last must be rolled back, or None: more than half of at least 20 frames since
@@ -509,14 +517,17 @@ class HotSwap:
         watch = self._config_watch
         if watch is None:
             return None
-        installed, failsafe0, frames0, rejected0 = watch
+        installed, failsafe0, frames0, rejected0, rebinds0 = watch
         frames = self.loop.counters.frames - frames0
         failsafes = self.loop.counters.failsafe - failsafe0
         if running is not installed:
             self._config_watch = None
             return None
         reason = None
-        if frames >= 20 and failsafes * 2 > frames:
+        if rebinds0 is not None and self._rebind_failures_now() > rebinds0:
+            reason = ("the PLC refused the session credential that measures it (its re-bind failed and the session "
+                      "ended: does the PLC pin the config?)")
+        elif frames >= 20 and failsafes * 2 > frames:
             reason = f"fail-safe rate {failsafes}/{frames} frames after the config update"
         elif frames >= 20 and rejected0 is not None and (rejected := self._rejected_now() - rejected0) * 2 > frames:
             reason = (f"the PLC refused {rejected} of the commands of {frames} frames after the config update (does "
@@ -536,6 +547,7 @@ class HotSwap:
             return None
         new, failsafe0, frames0 = watch[:3]
         watch_rejected = watch[3] if len(watch) > 3 else None  # None: PLC refusals not watched (a deploy's load)
+        watch_rebinds = watch[4] if len(watch) > 4 else None
         if self.loop.stage_set is not new:
             self._watch = None
             return None
@@ -544,6 +556,9 @@ class HotSwap:
         reason = ""
         if new.frames <= WATCH_FRAMES and (new.faults >= 1 or new.traps >= MAX_DEADLINE_TRAPS_IN_WATCH):
             reason = f"{new.traps} module trap(s) in the first {new.frames} frames after the swap"
+        elif watch_rebinds is not None and self._rebind_failures_now() > watch_rebinds:
+            reason = ("the PLC refused the session credential that measures it (its re-bind failed and the session "
+                      "ended: does the PLC pin the modules, the model or the config?)")
         elif frames >= 20 and failsafes * 2 > frames:
             reason = f"fail-safe rate {failsafes}/{frames} frames after the swap"
         elif (frames >= 20 and self.rejections is not None and watch_rejected is not None
@@ -965,6 +980,7 @@ def attach(daemon) -> HotSwap:
                    bounds_check=model_bounds_check(lambda: daemon.cfg), measure=log.record, alerts=daemon.alerts,
                    module_specs={m.name: m for m in cfg.modules}, provider=cfg.model.provider,
                    rejections=lambda: daemon.plc_rejected,
+                   rebind_failures=lambda: daemon.link.rebind_failures if daemon.link is not None else 0,
                    signatures=__import__("sitsd.signatures").signatures.SignaturePolicy.from_config(cfg),
                    on_settled=persistence.settled if persistence is not None else None,
                    pins=lambda: {"model": daemon.cfg.model.sha256, **{m.name: m.sha256 for m in daemon.cfg.modules}},

@@ -207,3 +207,62 @@ def test_the_plc_simulator_ends_the_session_when_it_refuses_a_new_credential(swt
     stats = seen["stats"]
     assert stats["accepted"] == 2 and stats["reject_reasons"]["key"] == 1 and stats["session_open"] is True
     assert stats["sessions_accepted"] == 2 and stats["sessions_rejected"] == 2
+
+
+def test_a_swap_whose_rebind_the_plc_refuses_is_rolled_back_and_the_session_comes_back(plcsim, tmp_path):
+    """A PLC that pins the modules (`--expect-module`) refuses the credential that measures a new pre module: the
+    session ends (nothing is sent under the stale credential), the hot swap's health watch rolls the module back on
+    its own, and the reconnect binds a credential the PLC accepts again: commands resume without an operator."""
+    from sitsd.wasm import WasmHost
+
+    host = WasmHost(tmp_path / "cache")
+    try:
+        pins = {stage: host.load(name, stage, REPO / "wasm_modules" / f"{name}.wat", n, n).sha256
+                for stage, name, n in (("pre", "pre_filter", 6), ("post", "post_command", 1))}
+    finally:
+        host.close()
+    tpm = Swtpm(tmp_path / "tpm").start()
+    audit, control, log = tmp_path / "audit", tmp_path / "c.sock", tmp_path / "sitsd.log"
+    config = tmp_path / "rolling-mill.yaml"
+    config.write_text(yaml.safe_dump(example_config_data()))
+    endpoint, udp_url, sim = plcsim(audit / "device.pub.pem", model_sha256=MODEL.hex(), session=True,
+                                    extra_args=("--expect-module", f"pre={pins['pre']}",
+                                                "--expect-module", f"post={pins['post']}"))
+    proc = subprocess.Popen(sitsd_args(config, plc__endpoint=endpoint, transport__url=udp_url,
+                                       attestation__tcti=tpm.tcti, plc__security="none", plc__timeout_s=2,
+                                       audit__directory=audit, control__socket=control),
+                            stderr=open(log, "wb"), cwd=REPO, env=dict(os.environ, XDG_CACHE_HOME=str(tmp_path)))
+
+    def status() -> dict:
+        return request(control, "status")
+
+    try:
+        wait_ready(proc, log)
+        wait_for(lambda s: s["counters"]["commands"] > 20, 20, "commands flowing", status)
+        assert sim_stats(sim)["sessions_rejected"] == 0
+        pre_v2 = module_versions(tmp_path / "pre", "pre_filter", versions=(2,))[0]
+        out = request(control, "update", timeout_s=120, module=str(pre_v2))
+        assert out.get("updated"), out
+        back = wait_for(lambda s: s["alerts"].get("rollback", 0) >= 1, 30, "the automatic rollback", status)
+        assert back["alerts"]["rollback"] == 1
+        assert back["plc_link"]["rebind_failures"] >= 1, back["plc_link"]
+        stats = sim_stats(sim)
+        assert stats["sessions_rejected"] >= 1, stats  # the credential measuring pre v2
+        assert "re-binding the session key after measured module:pre" in back["plc_link"]["last_loss"], back
+        # the reconnect binds the rolled-back set, which the PLC's pins accept: commands resume
+        held = sim_stats(sim)["accepted"]
+        deadline = time.monotonic() + 30
+        while sim_stats(sim)["accepted"] < held + 50:
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        cred = plc_credential(endpoint)
+        ak = (audit / "device.pub.pem").read_bytes()
+        measured = verified(cred, ak, expected_modules=pins).measured
+        assert measured.modules["pre"][1] == pins["pre"]
+        assert [k for k, _, _ in cred.measured_entries()][-2:] == ["module:pre", "rollback:module:pre"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        tpm.stop()
