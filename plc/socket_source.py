@@ -91,8 +91,8 @@ class UadpSocketSource:
         # a fallback decode copies and parses the message: bound what a single frame may cost (DataValue
         # fields with timestamps are ~4x a Double Variant; headers add a few dozen bytes)
         self.fallback_max_bytes = max(1500, 4 * layout.size + 512)
-        # RawData carries no types: read it as the configured Doubles
-        self._raw_types = (ua.VariantType.Double,) * layout.field_count
+        # RawData carries no types: the fallback reads it as the layout's configured field types
+        self._raw_types = tuple(getattr(layout, "field_types", (ua.VariantType.Double,) * layout.field_count))
         self.where = where  # "<url> on <interface>", for messages
         self.link_errors = 0  # transient socket errors (link down, no buffer space): counted, not raised
         self.last_link_error: OSError | None = None

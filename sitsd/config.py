@@ -69,6 +69,12 @@ def _cross_checks(cfg: Config) -> list[tuple[tuple, str]]:
     for i, s in enumerate(cfg.signals):
         if names.index(s.name) != i:
             problems.append((("signals", i, "name"), f"signal {s.name!r} is declared twice"))
+    field_types = getattr(cfg.transport, "field_types", None)
+    if field_types is not None and len(field_types) != len(names):
+        problems.append((("transport", "field_types"),
+                         f"{len(field_types)} types for {len(names)} signals: a UADP DataSet carries one field per "
+                         f"signal, in the order of `signals` ({', '.join(names)}); give one type each, or leave "
+                         "field_types out (all double)"))
     for i, name in enumerate(cfg.model.inputs):
         if name not in names:
             problems.append((("model", "inputs", i), f"{name!r} is not a declared signal; declared: {', '.join(names)}"))

@@ -213,7 +213,8 @@ class Daemon:
                 stamps = {"phc_timescale": cfg.timing.ptp.phc_timescale, "utc_offset_s": cfg.timing.ptp.utc_offset_s}
                 # the fast path is compiled for the configured PublisherId type (a string id: its length);
                 # frames of other publishers, writer groups and writers are skipped and counted
-                layout = compile_layout(len(names), t.field_encoding, t.publisher_id_type, t.publisher_id)
+                layout = compile_layout(len(names), t.field_encoding, t.publisher_id_type, t.publisher_id,
+                                        field_types=t.field_types)
                 if isinstance(t, UadpEthTransport):
                     self.source = EthFrameSource(t.url, t.interface, layout, t.publisher_id, t.dataset_writer_id,
                                                  writer_group_id=t.writer_group_id, **stamps)

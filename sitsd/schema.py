@@ -267,6 +267,26 @@ _PUBLISHER_ID_TYPE_DOC = ("the PublisherId's wire type, compiled into the fast p
 _PUBLISHER_ID_DOC = "a number that fits publisher_id_type, or a quoted string for publisher_id_type: string"
 
 
+# The wire types of a UADP DataSet's fields, one per signal in order, compiled into the fast path
+# (plc.uadp.FIELD_TYPES): every fixed-size numeric built-in type. Omitted: every field is a Double.
+UadpFieldType = Literal["boolean", "sbyte", "byte", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+                        "float", "double"]
+_FIELD_TYPES_DOC = ("the wire type of each field, one per signal in order (boolean, sbyte, byte, int16, uint16, int32, "
+                    "uint32, int64, uint64, float, double), compiled into the fast path; omitted: all double. Needed "
+                    "for raw field encoding, whose fields carry no type tags")
+
+
+def _check_field_types(v):
+    """OPC UA's names in any case ("Int16") read as the lower-case ones; DateTime is named as not numeric."""
+    if isinstance(v, (list, tuple)):
+        v = [t.lower() if isinstance(t, str) else t for t in v]
+        for i, t in enumerate(v):
+            if t == "datetime":
+                raise ValueError(f"field_types[{i}] is datetime: the loop takes numeric values, which cannot hold a "
+                                 "DateTime; have the PLC publish it as a number (int64 ticks or double seconds)")
+    return v
+
+
 def _check_publisher_id(v: int | str, info: ValidationInfo) -> int | str:
     """The id must fit the declared type: a number in its range, or a non-empty string (<= 1024 UTF-8
     bytes) for string. A quoted number still reads as a number for the numeric types, as it did when
@@ -299,13 +319,16 @@ class UadpUdpTransport(_Section):
     url: str = Field(pattern=r"^opc\.udp://")
     interface: str = "0.0.0.0"
     field_encoding: Literal["variant", "raw"] = Field(
-        default="variant", description="Double fields as Variants, or RawData (Annex A periodic fixed layouts)")
+        default="variant", description="fields as Variants, or RawData (Annex A periodic fixed layouts)")
+    field_types: tuple[UadpFieldType, ...] | None = Field(default=None, min_length=1, max_length=1024,
+                                                          description=_FIELD_TYPES_DOC)
     publisher_id_type: PublisherIdType = Field(default="uint16", description=_PUBLISHER_ID_TYPE_DOC)
     publisher_id: int | str = Field(description=_PUBLISHER_ID_DOC)
     writer_group_id: int = Field(ge=0, le=0xFFFF, description="messages of other writer groups are skipped")
     dataset_writer_id: int = Field(ge=0, le=0xFFFF)
 
     _publisher_id = field_validator("publisher_id")(_check_publisher_id)
+    _field_types = field_validator("field_types", mode="before")(_check_field_types)
 
 
 class UadpEthTransport(_Section):
@@ -315,12 +338,15 @@ class UadpEthTransport(_Section):
     url: str = Field(pattern=r"^opc\.eth://", description="opc.eth://<MAC>[:<VID>[.<PCP>]]")
     interface: str = Field(min_length=1, max_length=15, description="network interface name, e.g. eth1")
     field_encoding: Literal["variant", "raw"] = "variant"
+    field_types: tuple[UadpFieldType, ...] | None = Field(default=None, min_length=1, max_length=1024,
+                                                          description=_FIELD_TYPES_DOC)
     publisher_id_type: PublisherIdType = Field(default="uint16", description=_PUBLISHER_ID_TYPE_DOC)
     publisher_id: int | str = Field(description=_PUBLISHER_ID_DOC)
     writer_group_id: int = Field(ge=0, le=0xFFFF, description="messages of other writer groups are skipped")
     dataset_writer_id: int = Field(ge=0, le=0xFFFF)
 
     _publisher_id = field_validator("publisher_id")(_check_publisher_id)
+    _field_types = field_validator("field_types", mode="before")(_check_field_types)
 
 
 class OpcUaSubscriptionTransport(_Section):

@@ -2,13 +2,17 @@
 
 The layout a config declares: a PublisherId of the configured type (Byte, UInt16, UInt32, UInt64
 or String), GroupHeader with WriterGroupId and sequence number, PayloadHeader with one
-DataSetWriterId, a NetworkMessage timestamp, and one key-frame DataSetMessage of Double fields
-(Variants, or RawData) with its own sequence number and timestamp. It is compiled once into
-`struct` formats so that encode and decode cost about a microsecond; anything that does not match
-raises UadpDecodeError with the offset. A String PublisherId carries its length on the wire; the
-layout is compiled for the configured id's length (a publisher's id does not change between
-messages), so another publisher's id of another length is refused here and told apart by
-`header_ids`, which reads only the identifiers of any UADP message.
+DataSetWriterId, a NetworkMessage timestamp, and one key-frame DataSetMessage of fixed-size scalar
+fields (Variants, or RawData) with its own sequence number and timestamp. The fields are Doubles
+unless the config names their types (`FIELD_TYPES`: Boolean, SByte, Byte, Int16, UInt16, Int32,
+UInt32, Int64, UInt64, Float, Double, in any mix). It is compiled once into one `struct` format so
+that encode and decode cost about a microsecond; anything that does not match (a flag, a count, a
+Variant type tag, the size) raises UadpDecodeError with the offset, and the frame sources hand such a
+message to the general decoder. Decoded values are what the general decoder's Variants hold (bool,
+int, float); `decode_into` writes them into float64 as the general path's fallback does. A String
+PublisherId carries its length on the wire; the layout is compiled for the configured id's length
+(a publisher's id does not change between messages), so another publisher's id of another length
+is refused here and told apart by `header_ids`, which reads only the identifiers of any UADP message.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import UadpDecodeError
+from .messages import RAW_FORMATS, VariantType
 
 # DateTime in OPC UA: 100 ns ticks since 1601-01-01 UTC.
 _EPOCH_DELTA_TICKS = 116_444_736_000_000_000
@@ -48,6 +53,62 @@ _AFTER_ID = "BHHBHqBBHq"
 _HEADER = struct.Struct("<BBH" + _AFTER_ID + "H")  # the UInt16 Variant layout's header (34 bytes)
 
 
+# The field types a compiled layout carries, by the name a config gives them (the built-in type's
+# name, lower case): every fixed-size numeric scalar. DateTime is fixed-size too, but the loop's
+# float64 values cannot hold it (the general decoder's fallback refuses a DateTime field as well),
+# so a layout with one is refused when it is compiled rather than on every message.
+FIELD_TYPES: dict[str, VariantType] = {t.name.lower(): t for t in RAW_FORMATS if t is not VariantType.DateTime}
+MAX_FIELDS = 1024
+
+
+def field_types_of(fields) -> tuple[VariantType, ...]:
+    """The field types of a layout: `fields` is a count (that many Doubles, the layout before field
+    types could be declared) or a sequence of types (ua.VariantType, its number, or its name in any
+    case: "double", "Int16"). ValueError names what cannot be compiled."""
+    if isinstance(fields, int) and not isinstance(fields, bool):
+        if not 1 <= fields <= MAX_FIELDS:
+            raise ValueError(f"field_count must be 1..{MAX_FIELDS}, got {fields}")
+        return (VariantType.Double,) * fields
+    if isinstance(fields, (str, bytes)):
+        raise ValueError(f"field types must be a sequence of types, got the string {fields!r}")
+    out = []
+    for i, t in enumerate(fields):
+        vt = None
+        if isinstance(t, str):
+            vt = FIELD_TYPES.get(t.lower())
+            if vt is None and t.lower() == "datetime":
+                vt = VariantType.DateTime
+        elif isinstance(t, int) and not isinstance(t, bool):
+            try:
+                vt = VariantType(t)
+            except ValueError:
+                vt = None
+        if vt is VariantType.DateTime:
+            raise ValueError(f"field {i} is DateTime: the loop takes numeric values (float64), which cannot hold "
+                             "a DateTime; publish it as a number (e.g. Int64 ticks or a Double of seconds)")
+        if vt is None or vt not in FIELD_TYPES.values():
+            raise ValueError(f"field {i} has type {t!r}; a compiled layout carries fixed-size numeric scalars: "
+                             f"{', '.join(FIELD_TYPES)}")
+        out.append(vt)
+    if not 1 <= len(out) <= MAX_FIELDS:
+        raise ValueError(f"a layout has 1..{MAX_FIELDS} fields, got {len(out)}")
+    return tuple(out)
+
+
+def describe_types(types: tuple[VariantType, ...]) -> str:
+    """'6 Double fields', or the runs of a mixed layout: '4 fields (Double x2, Int16, Boolean)'."""
+    if all(t is VariantType.Double for t in types):
+        return f"{len(types)} Double field{'s' if len(types) != 1 else ''}"
+    runs: list[list] = []
+    for t in types:
+        if runs and runs[-1][0] is t:
+            runs[-1][1] += 1
+        else:
+            runs.append([t, 1])
+    text = ", ".join(t.name if n == 1 else f"{t.name} x{n}" for t, n in runs[:12])
+    return f"{len(types)} fields ({text}{', ...' if len(runs) > 12 else ''})"
+
+
 def datetime_ticks_from_ns(t_ns: int) -> int:
     return t_ns // 100 + _EPOCH_DELTA_TICKS
 
@@ -64,7 +125,7 @@ class UadpMessage:
     network_sequence: int  # UInt16, wraps
     dataset_sequence: int  # UInt16, wraps
     timestamp_ns: int
-    values: tuple[float, ...]
+    values: tuple[float, ...]  # by field type: bool (Boolean), int (the integer types) or float
 
 
 def check_publisher_id(publisher_id_type: str, publisher_id: int | str | None) -> bytes | None:
@@ -138,12 +199,13 @@ class _CompiledLayout:
 
     _last_values: tuple[float, ...] = ()
     field_count: int
+    field_types: tuple[VariantType, ...]
     size: int
 
-    def _init_id(self, field_count: int, publisher_id_type: str, publisher_id: int | str | None) -> None:
-        if not 1 <= field_count <= 1024:
-            raise ValueError(f"field_count must be 1..1024, got {field_count}")
-        self.field_count = field_count
+    def _init_id(self, fields, publisher_id_type: str, publisher_id: int | str | None) -> None:
+        self.field_types = field_types_of(fields)
+        self.field_count = len(self.field_types)
+        self._described = describe_types(self.field_types)
         self.publisher_id_type = publisher_id_type
         self._id = _IdLayout(publisher_id_type, publisher_id)
         self._last_id: tuple[bytes, str] = (b"", "")
@@ -170,33 +232,46 @@ class _CompiledLayout:
         return UadpMessage(*self._decode(data), values=self._last_values)
 
     def decode_into(self, data: bytes | memoryview, out: np.ndarray) -> tuple[int, int, int, int, int, int]:
-        """Decode the header and write the field values into `out` (float64, preallocated)."""
+        """Decode the header and write the field values into `out` (float64, preallocated): a Boolean as
+        0.0/1.0, an integer rounded to the nearest float64, as the general decoder's fallback writes them."""
         head = self._decode(data)
         out[:] = self._last_values
         return head
 
+    def _bad_values(self, values) -> None:
+        """After `struct` refused the values: ValueError naming the first field whose value does not fit."""
+        for i, (t, v) in enumerate(zip(self.field_types, values)):
+            try:
+                struct.pack("<" + RAW_FORMATS[t], v)
+            except (struct.error, TypeError) as exc:
+                raise ValueError(f"field {i} = {v!r} does not fit its type {t.name}: {exc}") from None
+
 
 class FixedLayout(_CompiledLayout):
-    """Encoder/decoder for the fixed layout above with `field_count` Double Variant fields.
+    """Encoder/decoder for the fixed layout above with Variant fields: `fields` is a count of Doubles or
+    a sequence of field types (see `field_types_of`); each field is its type tag and its value.
 
     `publisher_id_type`: byte, uint16 (the default), uint32, uint64 or string; `publisher_id`: the
     configured id, required for string (its UTF-8 length is part of the layout), checked otherwise."""
 
-    def __init__(self, field_count: int, publisher_id_type: str = "uint16",
+    def __init__(self, fields, publisher_id_type: str = "uint16",
                  publisher_id: int | str | None = None) -> None:
-        self._init_id(field_count, publisher_id_type, publisher_id)
+        self._init_id(fields, publisher_id_type, publisher_id)
+        field_count = self.field_count
         pid, k = self._id, self._id.items - 1
+        self._tags = tuple(int(t) for t in self.field_types)
+        codes = "".join("B" + RAW_FORMATS[t] for t in self.field_types)
         self._header = struct.Struct("<BB" + pid.format + _AFTER_ID + "H")
-        self._fields = struct.Struct("<" + "Bd" * field_count)
+        self._fields = struct.Struct("<" + codes)
         self.size = self._header.size + self._fields.size
         self._buffer = bytearray(self.size)
-        self._whole = struct.Struct(self._header.format + "Bd" * field_count)
+        self._whole = struct.Struct(self._header.format + codes)
         tag_positions = range(14 + k, 14 + k + 2 * field_count, 2)
         # the String id's length (item 2) is a constant of the layout too
         self._constants = operator.itemgetter(0, 1, *((2,) if k else ()), 3 + k, 6 + k, 9 + k, 10 + k, 13 + k,
                                               *tag_positions)
         self._expected = (UADP_FLAGS, pid.ext1, *((len(pid.encoded),) if k else ()), GROUP_FLAGS, 1, DATASET_FLAGS1,
-                          DATASET_FLAGS2, field_count) + (VARIANT_DOUBLE,) * field_count
+                          DATASET_FLAGS2, field_count) + self._tags
         self._last_values: tuple[float, ...] = ()
 
     def encode(self, msg: UadpMessage) -> bytes:
@@ -225,10 +300,14 @@ class FixedLayout(_CompiledLayout):
             ident.check_numeric(msg.publisher_id)  # name the id when it is what does not fit
             raise
         args = []
-        for v in msg.values:
-            args.append(VARIANT_DOUBLE)
+        for tag, v in zip(self._tags, msg.values):
+            args.append(tag)
             args.append(v)
-        self._fields.pack_into(self._buffer, self._header.size, *args)
+        try:
+            self._fields.pack_into(self._buffer, self._header.size, *args)
+        except struct.error:
+            self._bad_values(msg.values)
+            raise
         return bytes(self._buffer)
 
     def _decode(self, data: bytes | memoryview) -> tuple[int, int, int, int, int, int]:
@@ -257,15 +336,31 @@ class FixedLayout(_CompiledLayout):
 
     def _explain(self, data: bytes | memoryview) -> None:
         """Raise UadpDecodeError for the first byte that breaks the layout."""
-        self.decode_header(data)
-        tags = self._fields.unpack_from(data, self._header.size)[0::2]
-        for i, tag in enumerate(tags):
-            if tag != VARIANT_DOUBLE:
-                raise UadpDecodeError(f"field {i} has Variant type 0x{tag:02x}, layout expects Double (0x0b)",
-                                      self._header.size + 9 * i)
+        self.decode_header(data, check_size=False)
+        # the first tag that differs is named even when the size differs too: a type of another size
+        # moves every later field and changes the size, but the tag is what an operator needs to see
+        pos = self._header.size
+        for i, want in enumerate(self.field_types):
+            if pos >= len(data):
+                break
+            tag = data[pos]
+            if tag != want:
+                try:
+                    got = VariantType(tag & 0x3F).name
+                except ValueError:
+                    got = "unknown"
+                reason = (f"field {i} has Variant type 0x{tag:02x} ({got}{' array' if tag & 0x80 else ''}), layout "
+                          f"expects {want.name} (0x{int(want):02x})")
+                if len(data) != self.size:
+                    self._wrong_size(data, f" ({reason})")
+                raise UadpDecodeError(reason, pos)
+            pos += 1 + struct.calcsize(RAW_FORMATS[want])
+        if len(data) != self.size:
+            self._wrong_size(data)
         raise AssertionError("_explain called on a message that matches the layout")
 
-    def decode_header(self, data: bytes | memoryview) -> tuple[int | str, int, int, int, int, int]:
+    def decode_header(self, data: bytes | memoryview,
+                      check_size: bool = True) -> tuple[int | str, int, int, int, int, int]:
         # the header's bytes are checked before the size: a publisher that adds a flag changes both, and
         # the flag is what an operator needs named (it is also what the fallback's counter reports)
         if len(data) < self._header.size:
@@ -290,13 +385,13 @@ class FixedLayout(_CompiledLayout):
             raise UadpDecodeError(f"DataSetFlags2 0x{ds2:02x}, layout expects key frame 0x{DATASET_FLAGS2:02x}", 21 + d)
         if field_count != self.field_count:
             raise UadpDecodeError(f"FieldCount {field_count}, layout expects {self.field_count}", 32 + d)
-        if len(data) != self.size:
+        if check_size and len(data) != self.size:
             self._wrong_size(data)
         return publisher_id, group_id, writer_id, net_seq, ds_seq, ns_from_datetime_ticks(ds_ticks)
 
-    def _wrong_size(self, data) -> None:
+    def _wrong_size(self, data, why: str = "") -> None:
         raise UadpDecodeError(f"message is {len(data)} bytes, layout with a {self.publisher_id_type} PublisherId and "
-                              f"{self.field_count} Double fields is {self.size}", min(len(data), self.size))
+                              f"{self._described} is {self.size}{why}", min(len(data), self.size))
 
 
 def _check_flags(flags: int, ext1: int, want_ext1: int) -> None:
@@ -318,17 +413,19 @@ def _check_flags(flags: int, ext1: int, want_ext1: int) -> None:
 DATASET_FLAGS1_RAW = 0x01 | 0x02 | 0x08 | 0x80
 
 
-class RawDoubleLayout(_CompiledLayout):
-    """The fixed layout above with RawData field encoding: `field_count` little-endian Doubles.
-    `publisher_id_type` and `publisher_id` as for FixedLayout."""
+class RawLayout(_CompiledLayout):
+    """The fixed layout above with RawData field encoding: the fields' little-endian values back to back,
+    no tags (`fields` and the PublisherId as for FixedLayout). The wire cannot show a field of another
+    type here: only the size, so the config's field types must be the publisher's."""
 
-    def __init__(self, field_count: int, publisher_id_type: str = "uint16",
+    def __init__(self, fields, publisher_id_type: str = "uint16",
                  publisher_id: int | str | None = None) -> None:
-        self._init_id(field_count, publisher_id_type, publisher_id)
+        self._init_id(fields, publisher_id_type, publisher_id)
         pid, k = self._id, self._id.items - 1
         header = self._header = struct.Struct("<BB" + pid.format + _AFTER_ID)
-        self.size = header.size + 8 * field_count
-        self._whole = struct.Struct(header.format + "d" * field_count)
+        codes = "".join(RAW_FORMATS[t] for t in self.field_types)
+        self._whole = struct.Struct(header.format + codes)
+        self.size = self._whole.size
         self._first_value = 13 + k
         self._constants = operator.itemgetter(0, 1, *((2,) if k else ()), 3 + k, 6 + k, 9 + k, 10 + k)
         self._expected = (UADP_FLAGS, pid.ext1, *((len(pid.encoded),) if k else ()), GROUP_FLAGS, 1,
@@ -348,6 +445,7 @@ class RawDoubleLayout(_CompiledLayout):
                                   *msg.values)
         except struct.error:
             ident.check_numeric(msg.publisher_id)
+            self._bad_values(msg.values)
             raise
         return bytes(self._buffer)
 
@@ -358,7 +456,7 @@ class RawDoubleLayout(_CompiledLayout):
                 if self._constants(v) != self._expected:
                     self._explain(v)
             raise UadpDecodeError(f"message is {len(data)} bytes, RawData layout with a {self.publisher_id_type} "
-                                  f"PublisherId and {self.field_count} Doubles is {self.size}",
+                                  f"PublisherId and {self._described} is {self.size}",
                                   min(len(data), self.size))
         v = self._whole.unpack_from(data)
         if self._constants(v) != self._expected:
@@ -390,14 +488,28 @@ class RawDoubleLayout(_CompiledLayout):
         return publisher_id, v[5], v[8], v[6], v[12], (v[13] - _EPOCH_DELTA_TICKS) * 100
 
 
-def compile_layout(field_count: int, encoding: str = "variant", publisher_id_type: str = "uint16",
-                   publisher_id: int | str | None = None) -> FixedLayout | RawDoubleLayout:
-    """The fast codec for the layout a config declares: Double fields as Variants or as RawData, the
-    PublisherId of the configured type (a String id's length comes from `publisher_id`)."""
+# the name from when RawData layouts carried Doubles only
+RawDoubleLayout = RawLayout
+
+
+def compile_layout(fields, encoding: str = "variant", publisher_id_type: str = "uint16",
+                   publisher_id: int | str | None = None, *,
+                   field_types=None) -> FixedLayout | RawLayout:
+    """The fast codec for the layout a config declares: its fields as Variants or as RawData, the
+    PublisherId of the configured type (a String id's length comes from `publisher_id`).
+
+    `fields`: the number of fields (all Double unless `field_types` says otherwise) or their types;
+    `field_types`: the config's types (names such as "int16", or ua.VariantType), one per field, or
+    None for Doubles; with a count, the two must agree. ValueError says what cannot be compiled."""
+    if field_types is not None:
+        types = field_types_of(field_types)
+        if isinstance(fields, int) and not isinstance(fields, bool) and fields != len(types):
+            raise ValueError(f"{len(types)} field types for {fields} fields: name one type per signal, in order")
+        fields = types
     if encoding == "variant":
-        return FixedLayout(field_count, publisher_id_type, publisher_id)
+        return FixedLayout(fields, publisher_id_type, publisher_id)
     if encoding == "raw":
-        return RawDoubleLayout(field_count, publisher_id_type, publisher_id)
+        return RawLayout(fields, publisher_id_type, publisher_id)
     raise ValueError(f"field encoding {encoding!r}: choose variant or raw")
 
 
