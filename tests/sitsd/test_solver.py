@@ -247,6 +247,19 @@ class TestInterrupt:
     """z3 catches SIGINT during a call and answers `unknown`, reason "canceled", as for a timeout. Ctrl-C
     must stop `sitsctl check` (KeyboardInterrupt), and a timeout must still be reported as one."""
 
+    @pytest.fixture(autouse=True)
+    def python_sigint_handler(self):
+        """Python's own SIGINT handler for each test, as an interactive `sitsctl check` has it: a suite started in
+        the background (CI) inherits SIGINT ignored, and an ignored Ctrl-C is nothing to raise."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
     @staticmethod
     def _contexts(monkeypatch):
         made = []
