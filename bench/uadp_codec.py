@@ -58,10 +58,16 @@ def demo_messages():
     values = (4.0, 3.0, 1.4, 8000.0, 120.0, 2.6)
     t_ns = (time.time_ns() // 1000) * 1000
     fixed = UadpMessage(7, 1, 2, 3, 4, t_ns, values)
-    ticks = datetime_ticks_from_ns(t_ns)
+    general, theirs = _general_and_asyncua(tuple(ua.Variant(v, ua.VariantType.Double) for v in values),
+                                           datetime_ticks_from_ns(t_ns))
+    return fixed, general, theirs
+
+
+def _general_and_asyncua(variants: tuple, ticks: int):
+    """One DataSetMessage of `variants` (publisher 7, group 1 seq 3, writer 2 seq 4) as our general codec's
+    NetworkMessage and as asyncua's UadpNetworkMessage."""
     general = NetworkMessage(
-        (DataSetMessage(tuple(ua.Variant(v, ua.VariantType.Double) for v in values), sequence_number=4,
-                        timestamp=ticks),),
+        (DataSetMessage(variants, sequence_number=4, timestamp=ticks),),
         publisher_id=7, publisher_id_type=PublisherIdType.UINT16, writer_group_id=1, sequence_number=3,
         dataset_writer_ids=(2,), timestamp=ticks)
     stamp = ua.win_epoch_to_datetime(ticks)
@@ -69,9 +75,8 @@ def demo_messages():
         Header=aua.UadpHeader(PublisherId=ua.UInt16(7)),
         GroupHeader=aua.UadpGroupHeader(WriterGroupId=ua.UInt16(1), SequenceNo=ua.UInt16(3)),
         DataSetPayloadHeader=[ua.UInt16(2)], Timestamp=stamp,
-        Payload=[aua.UadpDataSetVariant(aua.UadpDataSetMessageHeader(SequenceNo=4, Timestamp=stamp),
-                                        [ua.Variant(v) for v in values])])
-    return fixed, general, theirs
+        Payload=[aua.UadpDataSetVariant(aua.UadpDataSetMessageHeader(SequenceNo=4, Timestamp=stamp), list(variants))])
+    return general, theirs
 
 
 def mixed_messages():
@@ -111,16 +116,7 @@ def typed_messages():
     ticks = datetime_ticks_from_ns(t_ns)
     types = field_types_of(TYPED_LAYOUT)
     variants = tuple(ua.Variant(v, t) for v, t in zip(TYPED_VALUES, types))
-    general = NetworkMessage(
-        (DataSetMessage(variants, sequence_number=4, timestamp=ticks),),
-        publisher_id=7, publisher_id_type=PublisherIdType.UINT16, writer_group_id=1, sequence_number=3,
-        dataset_writer_ids=(2,), timestamp=ticks)
-    stamp = ua.win_epoch_to_datetime(ticks)
-    theirs = aua.UadpNetworkMessage(
-        Header=aua.UadpHeader(PublisherId=ua.UInt16(7)),
-        GroupHeader=aua.UadpGroupHeader(WriterGroupId=ua.UInt16(1), SequenceNo=ua.UInt16(3)),
-        DataSetPayloadHeader=[ua.UInt16(2)], Timestamp=stamp,
-        Payload=[aua.UadpDataSetVariant(aua.UadpDataSetMessageHeader(SequenceNo=4, Timestamp=stamp), list(variants))])
+    general, theirs = _general_and_asyncua(variants, ticks)
     return fixed, general, theirs, types
 
 
