@@ -44,17 +44,25 @@ def verified(cred: SessionCredential, ak_pem: bytes, **pins):
     return SessionVerifier(ak_pem, MODEL, freshness=False, **pins).accept(cred.to_cbor(), cred.verifier_nonce)
 
 
-def test_reload_and_hot_swap_hand_the_plc_a_new_credential_that_shows_them(plcsim, tmp_path):
+def start_line(plcsim, tmp_path, data: dict, plc_args: tuple = ()):
+    """swtpm, the PLC simulator (tpm-session, trusting the daemon's AK, pinning the demo model, plus `plc_args`) and
+    sitsd on `data`: (tpm, audit, control, log, config, endpoint, sim, proc)."""
     tpm = Swtpm(tmp_path / "tpm").start()
     audit, control, log = tmp_path / "audit", tmp_path / "c.sock", tmp_path / "sitsd.log"
     config = tmp_path / "rolling-mill.yaml"
-    data = example_config_data()
     config.write_text(yaml.safe_dump(data))
-    endpoint, udp_url, sim = plcsim(audit / "device.pub.pem", model_sha256=MODEL.hex(), session=True)
+    endpoint, udp_url, sim = plcsim(audit / "device.pub.pem", model_sha256=MODEL.hex(), session=True,
+                                    extra_args=tuple(plc_args))
     proc = subprocess.Popen(sitsd_args(config, plc__endpoint=endpoint, transport__url=udp_url,
                                        attestation__tcti=tpm.tcti, plc__security="none", plc__timeout_s=2,
                                        audit__directory=audit, control__socket=control),
                             stderr=open(log, "wb"), cwd=REPO, env=dict(os.environ, XDG_CACHE_HOME=str(tmp_path)))
+    return tpm, audit, control, log, config, endpoint, sim, proc
+
+
+def test_reload_and_hot_swap_hand_the_plc_a_new_credential_that_shows_them(plcsim, tmp_path):
+    data = example_config_data()
+    tpm, audit, control, log, config, endpoint, sim, proc = start_line(plcsim, tmp_path, data)
 
     def status() -> dict:
         return request(control, "status")
@@ -221,17 +229,9 @@ def test_a_swap_whose_rebind_the_plc_refuses_is_rolled_back_and_the_session_come
                 for stage, name, n in (("pre", "pre_filter", 6), ("post", "post_command", 1))}
     finally:
         host.close()
-    tpm = Swtpm(tmp_path / "tpm").start()
-    audit, control, log = tmp_path / "audit", tmp_path / "c.sock", tmp_path / "sitsd.log"
-    config = tmp_path / "rolling-mill.yaml"
-    config.write_text(yaml.safe_dump(example_config_data()))
-    endpoint, udp_url, sim = plcsim(audit / "device.pub.pem", model_sha256=MODEL.hex(), session=True,
-                                    extra_args=("--expect-module", f"pre={pins['pre']}",
-                                                "--expect-module", f"post={pins['post']}"))
-    proc = subprocess.Popen(sitsd_args(config, plc__endpoint=endpoint, transport__url=udp_url,
-                                       attestation__tcti=tpm.tcti, plc__security="none", plc__timeout_s=2,
-                                       audit__directory=audit, control__socket=control),
-                            stderr=open(log, "wb"), cwd=REPO, env=dict(os.environ, XDG_CACHE_HOME=str(tmp_path)))
+    tpm, audit, control, log, _, endpoint, sim, proc = start_line(
+        plcsim, tmp_path, example_config_data(),
+        ("--expect-module", f"pre={pins['pre']}", "--expect-module", f"post={pins['post']}"))
 
     def status() -> dict:
         return request(control, "status")
