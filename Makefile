@@ -30,4 +30,4 @@ train-model:
 	.venv/bin/python examples/train_demo_model.py --output examples/models/rolling_mill.onnx
 
 clean:
-	rm -rf .venv .pytest_cache .hypothesis build *.egg-info
+	rm -rf .venv .pytest_cache .hypothesis build *.egg-info sitsd/_native.*.so

@@ -59,6 +59,11 @@ from sitsd.pipeline import ControlLoop, Counters  # noqa: E402
 from sitsd.stats import TimingRing  # noqa: E402
 from sitsd.wasm import WasmHost  # noqa: E402
 
+try:
+    from sitsd._native import sleep_until  # noqa: E402
+except ImportError:  # not built: time.sleep, and no split of a late wake-up into kernel and GIL
+    sleep_until = None
+
 CONFIG = REPO / "examples" / "rolling-mill.yaml"
 MODULES = REPO / "wasm_modules"
 NOMINAL = np.array([4.0, 3.0, 1.4, 8000.0, 120.0, 2.667, 2.0])
@@ -79,19 +84,28 @@ def versions(workdir: Path, stem: str) -> list[Path]:
     return out
 
 
-def build_loop(host: WasmHost, max_age_ns: int):
-    cfg = load_config(CONFIG)
+def build_loop(host: WasmHost, max_age_ns: int | None = None, deadline_ns: int | None = None,
+               config: Path = CONFIG):
+    """The daemon's loop as sitsd.daemon builds it from `config` (its timing section: transit, future, age,
+    deadline, consecutive drops), with `max_age_ns`/`deadline_ns` overriding the config's where given."""
+    cfg = load_config(config)
     names = cfg.signal_names
+    tm = cfg.timing
+    if max_age_ns is None:
+        max_age_ns = int(tm.max_age_ms * 1e6) if tm.max_age_ms else None
+    deadline_ns = int(tm.deadline_ms * 1e6) if deadline_ns is None else deadline_ns
     sent: deque = deque()
     model = ModelRunner(cfg.model.artifact, len(cfg.model.inputs), len(cfg.model.outputs))
     pre = host.load("pre_filter", "pre", MODULES / "pre_filter.wat", 6, 6)
     post = host.load("post_command", "post", MODULES / "post_command.wat", 1, 1)
     loop = ControlLoop(
-        source=None, timestamp_gate=TimestampGate(5_000_000, 1_000_000, max_age_ns=max_age_ns),
+        source=None, timestamp_gate=TimestampGate(int(tm.max_transit_ms * 1e6), int(tm.max_future_ms * 1e6),
+                                                  max_age_ns=max_age_ns, window=tm.replay_window),
         constraint_gate=ConstraintGate(cfg.signals, cfg.constraints), model=model,
         input_index=[names.index(n) for n in cfg.model.inputs],
         safety=SafetyEnvelope(cfg.safety.actuators, cfg.model.outputs), signer=SoftwareSigner(), submit=sent.append,
-        target=cfg.plc.command_node, deadline_ns=8_000_000, sign_budget_ns=100_000, max_consecutive_drops=5,
+        target=cfg.plc.command_node, deadline_ns=deadline_ns, sign_budget_ns=100_000,
+        max_consecutive_drops=tm.max_consecutive_drops,
         timings=TimingRing(4096), counters=Counters(), alerts=deque(maxlen=4096), pre=pre, post=post)
     return loop, sent, cfg
 
@@ -100,6 +114,29 @@ def model_variant(src: Path, dst: Path) -> Path:
     """The model with one more ModelProto.doc_string (field 6) appended: loadable, same weights, other bytes."""
     dst.write_bytes(src.read_bytes() + b"\x32\x07variant")
     return dst
+
+
+def platform_wakeups(seconds: float, rate_hz: float, realtime_priority: int | None) -> dict | None:
+    """The box's own floor, measured in the same run: a thread at the loop's priority that only sleeps to the
+    same 1 kHz ticks (no loop, no swaps, no other Python thread), and how late the kernel wakes it."""
+    if sleep_until is None or seconds <= 0:
+        return None
+    period = int(1e9 / rate_hz)
+    late: list[int] = []
+
+    def body():
+        if realtime_priority:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(realtime_priority))
+        t = time.perf_counter_ns() + period
+        for _ in range(int(seconds * rate_hz)):
+            late.append(sleep_until(t) - t)
+            t = max(t + period, time.perf_counter_ns())
+
+    th = threading.Thread(target=body, name="bench-baseline")
+    th.start()
+    th.join()
+    a = np.array(late) / 1e3
+    return {"ticks": len(a), **_pct(a), "over_4ms": int((a > 4000).sum())}
 
 
 def call_overhead(host: WasmHost, n: int = 20000) -> dict:
@@ -119,11 +156,16 @@ def call_overhead(host: WasmHost, n: int = 20000) -> dict:
 
 
 def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_every: int = 4,
-        proof: str = "worker", max_age_ms: float = 5.0) -> tuple[dict, dict]:
+        proof: str = "worker", max_age_ms: float | None = None, deadline_ms: float | None = None,
+        config: Path = CONFIG, baseline_s: float = 3.0) -> tuple[dict, dict]:
+    baseline = platform_wakeups(baseline_s, rate_hz, realtime_priority)
     workdir = Path(tempfile.mkdtemp(prefix="sits-hotswap-"))
     host = WasmHost(workdir / "cache")
     try:
-        loop, sent, cfg = build_loop(host, int(max_age_ms * 1e6))
+        loop, sent, cfg = build_loop(host, None if max_age_ms is None else int(max_age_ms * 1e6),
+                                     None if deadline_ms is None else int(deadline_ms * 1e6), config)
+        max_age_ms = loop.ts_gate.max_age_ns / 1e6 if loop.ts_gate.max_age_ns else None
+        deadline_ms = loop.deadline_ns / 1e6
         bounds = model_bounds_check(lambda: cfg, isolate=proof == "worker")
         hs = HotSwap(loop, host, n_inputs=6, n_outputs=1, bounds_check=bounds)
         paths = {"pre": versions(workdir, "pre_filter"), "post": versions(workdir, "post_command")}
@@ -138,6 +180,7 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
         freeze_heap()  # as sitsd.hotswap.attach does at the daemon's start, before its loop runs
         period_ns = int(1e9 / rate_hz)
         due, starts, done, step_us, gens = [], [], [], [], []
+        woke: list[int] = []  # when the kernel woke the loop thread for the frame (0: it did not sleep for it)
         windows: list[tuple[int, int, str]] = []  # (from, to, "model" or "module")
         prepare_ms: dict[str, list[float]] = {"model": [], "module": []}
         work_ms: list[float] = []  # module preparation without the waits for frame boundaries
@@ -151,8 +194,12 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
             while not stop.is_set():
                 sched = t_first + seq * period_ns  # this frame's tick: the PLC sent it then
                 delay = sched - time.perf_counter_ns()
+                w = 0
                 if delay > 0:
-                    time.sleep(delay / 1e9)
+                    if sleep_until is not None:  # the GIL released, the kernel's wake-up time kept apart
+                        w = sleep_until(sched)
+                    else:
+                        time.sleep(delay / 1e9)
                 seq += 1
                 sender = sched + wall_offset
                 f = Frame(7, 1, seq & 0xFFFF or 1, sender, sender + 50_000, RxStampSource.SOFTWARE, NOMINAL)
@@ -160,6 +207,7 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
                 loop.step(f)
                 t1 = time.perf_counter_ns()
                 due.append(sched)
+                woke.append(w)
                 starts.append(t0)
                 done.append(t1)
                 step_us.append((t1 - t0) / 1e3)
@@ -207,6 +255,15 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
         lost_mask = np.array([d + wall_offset not in commanded for d in due], dtype=bool)
         model_commands = n - int(lost_mask.sum())
         late = lat > period_ns / 1e3
+        # a late start = the kernel waking the thread late (woke - tick) + the wait for the GIL (start - woke);
+        # frames run back to back after a late one (woke 0) inherit the cause of the last frame that slept
+        woke_a = np.array(woke)
+        slept = woke_a > 0
+        kernel_late = np.where(slept, (woke_a - due_a) / 1e3, np.nan)
+        gil_wait = np.where(slept, (np.array(starts) - woke_a) / 1e3, np.nan)
+        last_slept = np.maximum.accumulate(np.where(slept, np.arange(n), 0))
+        over5 = lat > 5000.0
+        after_kernel_stall = over5 & (np.nan_to_num(kernel_late[last_slept]) >= 4000.0)
         g = np.array(gens)
         first = np.r_[False, g[1:] != g[:-1]]
         second = np.r_[False, first[:-1]]
@@ -239,9 +296,28 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
             "loop_start_late_max_us": {"away": round(float(wake[~any_near].max()), 1),
                                        "near_swap": round(float(wake[any_near].max()), 1)},
             "dropped_stale": loop.counters.dropped_timestamp, "proof": proof,
+            "timing": {"config": str(config.relative_to(REPO) if config.is_relative_to(REPO) else config),
+                       "max_age_ms": max_age_ms, "deadline_ms": deadline_ms},
+            "frames_over_5ms": {"total": int(over5.sum()), "near_swap": int((over5 & any_near).sum()),
+                                "away": int((over5 & ~any_near).sum()),
+                                "after_kernel_stall": int(after_kernel_stall.sum())},
+            "kernel_wakeup_late_us": _split(kernel_late, slept, any_near),
+            "platform_baseline_wakeup_late_us": baseline,
+            "gil_wait_us": _split(gil_wait, slept, any_near),
             "definitions": {"latency": "scheduled tick to signed command",
-                            "frames_lost": f"no model command: fail-safe, or dropped by the timestamp gate as "
-                                           f"older than {max_age_ms:g} ms",
+                            "frames_lost": "no model command: a fail-safe (the command would have left after the "
+                                           f"{deadline_ms:g} ms deadline, or any other reason), or dropped by the "
+                                           "timestamp gate as older than "
+                                           + (f"{max_age_ms:g} ms" if max_age_ms else "its age limit (none set)"),
+                            "frames_over_5ms": "command more than 5 ms after the tick (lost under a 5 ms age "
+                                               "limit); after_kernel_stall: its backlog began with the kernel "
+                                               "waking the loop thread >= 4 ms late",
+                            "kernel_wakeup_late_us": "the loop thread's sleep ended this long after the tick "
+                                                     "(kernel/hypervisor), before it waited for the GIL",
+                            "gil_wait_us": "from that wake-up to the loop holding the GIL",
+                            "platform_baseline_wakeup_late_us": "before the run, a thread at the loop's priority "
+                                                                "that only sleeps to the same ticks: how late the "
+                                                                "kernel wakes it (the box's floor)",
                             "late_frames": "command done more than one period after the scheduled tick; sent, "
                                            "not counted in frames_lost"},
         }
@@ -258,6 +334,16 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _split(a: np.ndarray, valid: np.ndarray, near: np.ndarray) -> dict | None:
+    if sleep_until is None:
+        return None
+    out = {}
+    for key, m in (("away", valid & ~near), ("near_swap", valid & near)):
+        if m.any():
+            out[key] = {**_pct(a[m]), "over_4ms": int((a[m] > 4000).sum())}
+    return out
+
+
 def _pct(a: np.ndarray) -> dict:
     return {"p50": round(float(np.median(a)), 2), "p99": round(float(np.percentile(a, 99)), 2),
             "max": round(float(np.max(a)), 2)}
@@ -272,14 +358,24 @@ def main() -> int:
     ap.add_argument("--proof", choices=("worker", "in-process"), default="worker",
                     help="where a model swap's bound proof runs: the proof worker process, as the daemon runs it "
                          "(default), or next to the loop in this process, as before the worker existed")
-    ap.add_argument("--max-age-ms", type=float, default=5.0,
-                    help="the timestamp gate drops frames older than this when the loop reaches them (default 5)")
+    ap.add_argument("--config", type=Path, default=CONFIG,
+                    help="the daemon config whose timing section sets the gates (default examples/rolling-mill.yaml: "
+                         "frames older than 20 ms are stale, a command later than 8 ms after the PLC's send time "
+                         "is replaced by the fail-safe)")
+    ap.add_argument("--max-age-ms", type=float, default=None,
+                    help="override timing.max_age_ms: the timestamp gate drops frames older than this when the loop "
+                         "reaches them (5 = a tight 1 kHz setting; frames_over_5ms shows what it would drop)")
+    ap.add_argument("--deadline-ms", type=float, default=None, help="override timing.deadline_ms")
+    ap.add_argument("--baseline-s", type=float, default=3.0,
+                    help="seconds of the platform baseline before the run: a thread that only sleeps to the loop's "
+                         "ticks, to tell the box's own late wake-ups from the loop's (default 3; 0 skips it)")
     ap.add_argument("--realtime-priority", type=int, default=40 if os.geteuid() == 0 else 0, metavar="N",
                     help="run the loop thread SCHED_FIFO at N, as runtime.realtime_priority does in production "
                          "(default 40 as root, else 0 = normal scheduling)")
     ap.add_argument("--json", action="store_true", help="end with the JSON summary line")
     args = ap.parse_args()
-    s, x = run(args.swaps, args.rate, args.realtime_priority, args.model_every, args.proof, args.max_age_ms)
+    s, x = run(args.swaps, args.rate, args.realtime_priority, args.model_every, args.proof, args.max_age_ms,
+               args.deadline_ms, args.config.resolve(), args.baseline_s)
     a, n = s["latency_away_us"], s["latency_near_swap_us"]
     sched = f"SCHED_FIFO {args.realtime_priority}" if args.realtime_priority else "normal scheduling"
     ms, mo = s["model_swaps"], s["module_swaps"]
@@ -305,6 +401,21 @@ def main() -> int:
                   f"   {part['frames_lost_near']} lost, {part['late_frames_near']} late, loop started up to "
                   f"{part['loop_start_late_max_us']:.0f} µs after its tick")
     print(f"  loop started up to {s['loop_start_late_max_us']['away']:.0f} µs after its tick away from swaps")
+    o5, tm = s["frames_over_5ms"], s["timing"]
+    age = f"{tm['max_age_ms']:g} ms" if tm["max_age_ms"] else "none"
+    print(f"  gates from {tm['config']}: stale after {age}, deadline {tm['deadline_ms']:g} ms; commands more than 5 ms "
+          f"after the tick: {o5['total']} ({o5['near_swap']} near swaps, {o5['away']} away), "
+          f"{o5['after_kernel_stall']} of them behind a kernel wake-up >= 4 ms late")
+    for label, key in (("kernel wake-up late (µs)", "kernel_wakeup_late_us"), ("wait for the GIL (µs)", "gil_wait_us")):
+        q = s[key]
+        if q:
+            parts = "; ".join(f"{k.replace('_', ' ')} p50 {v['p50']:.0f} p99 {v['p99']:.0f} max {v['max']:.0f} "
+                              f"({v['over_4ms']} > 4 ms)" for k, v in q.items())
+            print(f"  {label:<28}{parts}")
+    b = s["platform_baseline_wakeup_late_us"]
+    if b:
+        print(f"  {'platform baseline (µs)':<28}a thread that only sleeps to the same ticks, before the run: woken late "
+              f"p50 {b['p50']:.0f} p99 {b['p99']:.0f} max {b['max']:.0f} ({b['over_4ms']} of {b['ticks']} > 4 ms)")
     if mo["swaps"]:
         print(f"  module swap preparation (verify .cwasm, instantiate, golden vectors): p50 "
               f"{mo['prepare_ms']['p50']:.2f} ms, max {mo['prepare_ms']['max']:.2f} ms wall time, of which work p50 "

@@ -30,7 +30,9 @@ if [ ! -x .venv/bin/python ]; then
     echo "bootstrap: creating .venv"
     "$PY" -m venv .venv
 fi
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+# setup.py and sitsd/_native.c: the C extension (sitsd._native), built in place by the editable install
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] || [ sitsd/_native.c -nt "$stamp" ] \
+        || ! ls sitsd/_native.*.so >/dev/null 2>&1; then
     echo "bootstrap: installing sits2026[$EXTRAS] into .venv (first run takes about a minute)"
     .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
     .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$EXTRAS]"

@@ -235,6 +235,10 @@ class Daemon:
         except WasmError as exc:
             raise StartupError(f"{exc}\n  fix: correct the module or its golden vectors, or remove it from "
                                f"`modules:`") from exc
+        if self.wasm is not None and not self.wasm.ticker["native"]:
+            self.log.warning("python epoch ticker", detail="sitsd._native is not built: the WASM epoch ticker runs as "
+                             "a Python thread and module calls release the GIL, so the loop thread waits for it "
+                             "more often", fix="reinstall sits2026 with a C compiler and the Python headers")
         self.loop = ControlLoop(
             source=self.source,
             timestamp_gate=TimestampGate(

@@ -615,7 +615,8 @@ class HotSwap:
         c = self.loop.counters  # read after the sets: at most the frame in flight is counted here and not there
         loop = {"frames": c.frames, "dropped_timestamp": c.dropped_timestamp,
                 "dropped_constraint": c.dropped_constraint, "module_traps": c.module_traps,
-                "frames_in_sets": frames_in_sets}
+                "frames_in_sets": frames_in_sets,
+                "epoch_ticker": self.host.ticker if self.host is not None else None}
         return {"loop": loop, "current": self.loop.stage_set.describe(), "generation": self.loop.stage_set.generation,
                 "sets": r["sets"] + [{"generation": s.generation, "label": s.label, "frames": s.frames,
                                       "traps": s.traps} for s in self.sets], "modules": modules, "models": models,

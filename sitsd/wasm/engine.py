@@ -1,8 +1,13 @@
 """The wasmtime engine every module runs on (epoch interruption + fuel, fixed memory base) and the
 epoch ticker: a persistent thread that advances the engine's epoch on the wall clock, so a call that
-outlives its deadline traps (INTERRUPT) no matter how few instructions it runs per iteration."""
+outlives its deadline traps (INTERRUPT) no matter how few instructions it runs per iteration.
+
+The ticker is a native thread (sitsd/_native.c) that never takes the GIL. Where that extension was not
+built, a Python thread does the same, and module calls then release the GIL so that it can tick during
+them (sitsd/wasm/module.py); `EpochTicker.native` says which one runs."""
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import platform
@@ -11,7 +16,14 @@ import time
 from importlib.metadata import version
 
 import wasmtime
+import wasmtime._bindings as _bindings
 
+try:
+    from .. import _native
+except ImportError:  # not built (a source tree without `pip install`): the Python ticker below
+    _native = None
+
+NATIVE_TICKER_AVAILABLE = _native is not None
 ENGINE_SETTINGS = {"epoch_interruption": True, "consume_fuel": True, "memory_may_move": False,
                    "cranelift_opt_level": "speed"}
 
@@ -32,30 +44,54 @@ def engine_fingerprint() -> str:
     return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()
 
 
-class EpochTicker:
-    """Increments the engine epoch every `tick_s` seconds until closed (one thread per engine)."""
+def _address(obj) -> int:
+    return ctypes.cast(obj, ctypes.c_void_p).value or 0
 
-    def __init__(self, engine: wasmtime.Engine, tick_s: float) -> None:
-        self.engine = engine
+
+class EpochTicker:
+    """Increments the engine epoch every `tick_s` seconds until closed (one thread per engine): a native
+    thread where sitsd._native is built (`native=None`, the default), else, or with `native=False`, a
+    Python thread. `native=True` insists on the native one."""
+
+    def __init__(self, engine: wasmtime.Engine, tick_s: float, native: bool | None = None) -> None:
+        self.engine = engine  # kept alive until the thread is joined
         self.tick_s = tick_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sitsd-wasm-epoch", daemon=True)
-        self._thread.start()
+        if native and _native is None:
+            raise RuntimeError("the native epoch ticker (sitsd._native) is not built: reinstall sits2026 "
+                               "with a C compiler and the Python headers (`pip install .`)")
+        self.native = _native is not None if native is None else native
+        self._ticker = None
+        self._thread = None
+        if self.native:
+            self._ticker = _native.Ticker(_address(_bindings._wasmtime_engine_increment_epoch),
+                                         _address(engine.ptr()), int(round(tick_s * 1e9)))
+        else:
+            self._stop = threading.Event()
+            self._count = 0
+            self._thread = threading.Thread(target=self._run, name="sitsd-wasm-epoch", daemon=True)
+            self._thread.start()
+
+    @property
+    def ticks(self) -> int:
+        """Epoch increments done so far."""
+        return self._ticker.ticks if self._ticker is not None else self._count
 
     def _run(self) -> None:
         try:  # a 1 µs timer slack keeps the tick close to its period (field notes: p99 418 µs overshoot)
-            import ctypes
-
             ctypes.CDLL(None, use_errno=True).prctl(29, 1000, 0, 0, 0)  # PR_SET_TIMERSLACK
         except (OSError, AttributeError):
             pass
         increment, wait, period = self.engine.increment_epoch, self._stop.wait, self.tick_s
         while not wait(period):
             increment()
+            self._count += 1
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(1.0)
+        if self._ticker is not None:
+            self._ticker.close()
+        else:
+            self._stop.set()
+            self._thread.join(1.0)
 
 
 def now_ms() -> float:

@@ -5,7 +5,12 @@ with numpy views on its input and output slots and a call path without per-call 
 The fast path calls `wasmtime_func_call` directly with preallocated result/trap slots (`process`
 takes no arguments: everything crosses in linear memory), and sets fuel and the epoch deadline
 through the C API: ~3 µs per call instead of tens of µs for `Func.__call__`. It uses wasmtime-py
-internals (`_ffi`, `Store._context`, `Func._func`), so the wasmtime version is pinned.
+internals (`_ffi`, `_bindings`, `Store._context`, `Func._func`), so the wasmtime version is pinned.
+With the native epoch ticker (sitsd/_native.c) those three C calls go through `ctypes.PyDLL`, which keeps
+the GIL: a ctypes.CDLL call releases it and takes it back, and each release let any other Python thread in
+(the epoch ticker 2000 times a second, a preparation), the loop thread then waiting for the GIL up to the
+switch interval. Without the native ticker they release the GIL, because the Python ticker needs it to
+interrupt a runaway call.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import wasmtime
-from wasmtime import _ffi as ffi
+from wasmtime import _bindings, _ffi as ffi
 
 from . import abi
 from .cache import CwasmCache, default_cache_dir
@@ -27,6 +32,21 @@ from .engine import EpochTicker, engine_fingerprint, make_engine
 from .errors import CacheIntegrityError, ModuleTrap, SelfTestError, WasmError
 
 REQUIRED_EXPORTS = ("memory", "process", "version", "selftest")
+_FAST_PATH_CALLS = ("wasmtime_context_set_fuel", "wasmtime_context_set_epoch_deadline", "wasmtime_func_call")
+
+
+def _fast_path_calls(keep_gil: bool) -> tuple:
+    """The C functions of the fast path, as ctypes function objects (no wasmtime-py wrapper in between):
+    from ctypes.PyDLL (the GIL stays held) or from wasmtime-py's CDLL (released during the call)."""
+    if not keep_gil:
+        return tuple(getattr(_bindings, "_" + name) for name in _FAST_PATH_CALLS)
+    lib = ctypes.PyDLL(ffi.dll._name)  # the library wasmtime-py loaded: the same handle
+    out = []
+    for name in _FAST_PATH_CALLS:
+        ref, fn = getattr(_bindings, "_" + name), getattr(lib, name)
+        fn.argtypes, fn.restype = ref.argtypes, ref.restype
+        out.append(fn)
+    return tuple(out)
 LOAD_CALL_FUEL = 10_000_000  # `version` and `selftest` at load time
 LOAD_CALL_DEADLINE_MS = 1000.0
 
@@ -116,6 +136,7 @@ class ModuleInstance:
         self._trap_ref = ctypes.byref(self._trap)
         self._ticks = host.deadline_ticks(limits.deadline_ms)
         self.deadline_ms = limits.deadline_ms
+        self._set_fuel, self._set_deadline, self._call = host.fast_path_calls
 
     def _slow_call(self, func: wasmtime.Func) -> int:
         """`version`/`selftest` at load: the public call path, bounded like `process` but more loosely."""
@@ -136,9 +157,9 @@ class ModuleInstance:
     def process(self) -> None:
         """The fast path. Raises ModuleTrap on a trap or a non-zero status."""
         ctx = self._ctx
-        ffi.wasmtime_context_set_fuel(ctx, self._fuel)
-        ffi.wasmtime_context_set_epoch_deadline(ctx, self._ticks)
-        err = ffi.wasmtime_func_call(ctx, self._func_ref, None, 0, self._results, 1, self._trap_ref)
+        self._set_fuel(ctx, self._fuel)
+        self._set_deadline(ctx, self._ticks)
+        err = self._call(ctx, self._func_ref, None, 0, self._results, 1, self._trap_ref)
         if err or self._trap or self._results[0].of.i32:
             self._failed(err)
 
@@ -199,13 +220,22 @@ class ModuleVersion:
 class WasmHost:
     """One engine, one epoch ticker and one .cwasm cache for all modules of a daemon."""
 
-    def __init__(self, cache_dir: Path | None = None, tick_ms: float = 0.5, limits: Limits = Limits()) -> None:
+    def __init__(self, cache_dir: Path | None = None, tick_ms: float = 0.5, limits: Limits = Limits(),
+                 native_ticker: bool | None = None) -> None:
         self.engine = make_engine()
         self.fingerprint = engine_fingerprint()
         self.cache = CwasmCache(cache_dir or default_cache_dir(), self.fingerprint)
         self.tick_ms = tick_ms
         self.limits = limits
-        self._ticker = EpochTicker(self.engine, tick_ms / 1000)
+        self._ticker = EpochTicker(self.engine, tick_ms / 1000, native_ticker)
+        # module calls keep the GIL only where the ticker does not need it
+        self.fast_path_calls = _fast_path_calls(keep_gil=self._ticker.native)
+
+    @property
+    def ticker(self) -> dict:
+        """Which epoch ticker runs, and how many increments it did (`sitsctl versions`, diagnostics)."""
+        return {"native": self._ticker.native, "tick_ms": self.tick_ms, "ticks": self._ticker.ticks,
+                "module_calls_keep_gil": self._ticker.native}
 
     def deadline_ticks(self, deadline_ms: float) -> int:
         # the trap comes between (ticks - 1) and ticks tick periods after the call starts: never before

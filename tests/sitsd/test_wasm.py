@@ -2,11 +2,14 @@
 the .cwasm integrity check, and traps in the loop turning into the fail-safe command."""
 import json
 import shutil
+import threading
+import time
 
 import numpy as np
 import pytest
 
 from sitsd.wasm import CacheIntegrityError, Limits, ModuleTrap, SelfTestError, WasmError, WasmHost
+from sitsd.wasm.engine import NATIVE_TICKER_AVAILABLE
 
 from ..conftest import REPO
 from .test_loop import NOMINAL, build, frame
@@ -100,8 +103,17 @@ def test_fast_path_matches_the_public_call(host):
         assert a.output[0] == b.output[0]
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native-ticker", "python-ticker"])
 @pytest.mark.parametrize("fuel,code", [(None, "deadline"), (200_000, "fuel")])
-def test_endless_loop_is_stopped_and_the_instance_goes_on(host, fuel, code):
+def test_endless_loop_is_stopped_and_the_instance_goes_on(tmp_path, native, fuel, code):
+    host = WasmHost(tmp_path / "cache", native_ticker=native)
+    try:
+        _endless_loop_is_stopped(host, fuel, code)
+    finally:
+        host.close()
+
+
+def _endless_loop_is_stopped(host, fuel, code):
     v = host.load("misbehave", "pre", MISBEHAVE, 6, 6, limits=Limits(deadline_ms=2.0, fuel=fuel))
     inst = v.instance
     inst.input[:] = [SPIN, 3.0, 1.4, 8000.0, 120.0, 2.667]
@@ -111,6 +123,77 @@ def test_endless_loop_is_stopped_and_the_instance_goes_on(host, fuel, code):
     inst.input[:] = NOMINAL[:6]
     inst.process()  # the store is reusable after the trap
     assert np.array_equal(inst.output, NOMINAL[:6])
+
+
+def test_the_native_ticker_is_built_and_used_by_default(host, tmp_path):
+    # CI builds it (`pip install -e .`); without it the loop gives the GIL away at every module call
+    assert NATIVE_TICKER_AVAILABLE, "sitsd._native is not built: pip install -e . (needs gcc and python3-dev)"
+    assert host.ticker["native"] and host.ticker["module_calls_keep_gil"]
+    a = host.load("post_command", "post", MODULES / "post_command.wat", 1, 1).instance
+    py = WasmHost(tmp_path / "py-cache", native_ticker=False)
+    try:
+        assert not py.ticker["native"] and not py.ticker["module_calls_keep_gil"]
+        b = py.load("post_command", "post", MODULES / "post_command.wat", 1, 1).instance
+        for x in (0.0, 0.3, -0.2, 0.05):  # both call paths compute the same
+            a.input[0] = b.input[0] = x
+            a.process()
+            b.process()
+            assert a.output[0] == b.output[0]
+    finally:
+        py.close()
+
+
+def test_a_module_call_keeps_the_gil_and_the_native_deadline_still_stops_it(host):
+    # the spinning call holds the GIL (ctypes.PyDLL): a Python thread cannot run during it, so only a ticker
+    # that never takes the GIL can end it at its deadline
+    v = host.load("misbehave", "pre", MISBEHAVE, 6, 6, limits=Limits(deadline_ms=20.0, fuel=None))
+    inst = v.instance
+    inst.input[:] = [SPIN, 3.0, 1.4, 8000.0, 120.0, 2.667]
+    seen = []
+    stop = threading.Event()
+
+    def counter():
+        while not stop.is_set():
+            seen.append(time.perf_counter_ns())
+            time.sleep(0.0005)
+
+    t = threading.Thread(target=counter)
+    t.start()
+    time.sleep(0.01)
+    try:
+        t0 = time.perf_counter_ns()
+        with pytest.raises(ModuleTrap) as err:
+            inst.process()
+        t1 = time.perf_counter_ns()
+    finally:
+        stop.set()
+        t.join()
+    assert err.value.code == "deadline"
+    assert t1 - t0 >= 20_000_000  # never before the deadline
+    # no Python thread ran during the call: the counter's stamps (every 0.5 ms otherwise) skip the deadline
+    assert max(np.diff(seen)) >= 20_000_000
+
+
+def test_the_native_ticker_never_ticks_faster_than_its_period():
+    import wasmtime
+
+    from sitsd.wasm.engine import EpochTicker, make_engine
+
+    engine = make_engine()
+    t0 = time.perf_counter_ns()
+    ticker = EpochTicker(engine, 0.001, native=True)
+    time.sleep(0.05)
+    ticks = ticker.ticks
+    elapsed = time.perf_counter_ns() - t0
+    ticker.close()
+    ticker.close()  # idempotent
+    after = ticker.ticks
+    time.sleep(0.005)
+    assert 0 < ticks <= elapsed // 1_000_000  # an epoch deadline can come late, never early
+    assert ticker.ticks == after  # closed: no more ticks
+    with pytest.raises(ValueError, match="period_ns"):
+        EpochTicker(engine, 1e-7, native=True)
+    assert isinstance(engine, wasmtime.Engine)
 
 
 def test_memory_growth_past_the_limit_is_stopped(host):

@@ -9,6 +9,9 @@ LICENSE = "Apache-2.0"
 LIC_FILES_CHKSUM = "file://LICENSE;md5=3b83ef96387f14655fc854ddc3c6bd57"
 CVE_PRODUCT = "sits2026"
 
+# python_setuptools_build_meta builds the wheel with the target's compiler: setup.py's one C extension,
+# sitsd._native (sitsd/_native.c, libc only: the WASM epoch ticker as a native thread), is compiled for the
+# target like any Python extension (setuptools3-base adds python3 to DEPENDS for its headers).
 inherit externalsrc python_setuptools_build_meta systemd useradd
 
 # Built from the source tree this layer lives in (externalsrc), so there is nothing to fetch.
