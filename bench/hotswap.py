@@ -1,6 +1,7 @@
 """Hot swap under a 1 kHz loop: latency away from vs near swaps, preparation time, frames lost, late frames.
 
     python bench/hotswap.py [--swaps 100] [--rate 1000] [--model-every 4] [--proof worker|in-process]
+                            [--config PATH] [--max-age-ms MS] [--deadline-ms MS] [--baseline-s S]
                             [--realtime-priority N] [--json]
 
 The real loop (gates, pre module, ORT model, post module, safety envelope, Ed25519 signing) runs on its
@@ -15,8 +16,16 @@ timestamp (rx stamp 50 µs later, as a NIC stamps a packet on arrival however la
 wakes). Latency = from the scheduled tick to the signed command, in µs: a late wake-up, a wait for
 the GIL after the sleep, and a frame queued behind a late one all count. A thread that falls behind
 runs the frames that came due meanwhile back to back, as it would drain a socket.
+The gates are the daemon's, from the config's timing section (--config, default examples/rolling-mill.yaml:
+stale after 20 ms, fail-safe when the command would leave more than 8 ms after the PLC's send time);
+--max-age-ms and --deadline-ms override them (before 2026-12-02 the benchmark fixed them at 5 and 8 ms).
 frames_lost = frames without a model command: a fail-safe, or a frame the timestamp gate dropped as
-stale (older than --max-age-ms, 5 by default, when the loop reached it), as the daemon would.
+stale when the loop reached it, as the daemon would. frames_over_5ms = commands more than 5 ms after the
+tick (what a 5 ms staleness limit would drop).
+The loop thread sleeps through sitsd._native.sleep_until, which reads the clock when the kernel wakes the
+thread, before it takes the GIL back: kernel_wakeup_late_us and gil_wait_us split a late start into the
+kernel's part (the hypervisor's, on a VM) and the wait for the GIL. Before the run, a thread at the same
+priority that only sleeps to the same ticks measures the box's own floor (platform_baseline_wakeup_late_us).
 late_frames = frames whose command was done more than one period after their scheduled tick (still
 sent, and inside the 8 ms deadline unless also lost, but not within the loop's own period); counted
 apart from frames_lost, which is about commands the PLC never gets.
