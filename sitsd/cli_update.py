@@ -66,7 +66,7 @@ def _cmd_rollback(args) -> int:
     from .control import request
 
     params = ({"module": args.module} if args.module else {"model": True} if args.model
-              else {"config": True} if args.config else {})
+              else {"config": True} if args.config else {"force": True} if args.force else {})
     answer = request(_socket(args), "rollback", timeout_s=UPDATE_TIMEOUT_S, **params)
     answer.pop("ok", None)
     if args.json:
@@ -135,4 +135,8 @@ def register(sub) -> None:
             what.add_argument("--config", action="store_true",
                               help="back to the config that ran before the last `update --config` (its rules proven "
                               "for the running model first; again: forward to the newer one)")
+            p.add_argument("--force", action="store_true",
+                           help="whole-set rollback only: run the previous set even when it is the one an automatic "
+                                "rollback just left (it trapped, sent fail-safes or the PLC refused it); refused "
+                                "without --force")
         p.set_defaults(func=func)

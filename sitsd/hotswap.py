@@ -163,6 +163,9 @@ class HotSwap:
         self._lock = threading.Lock()
         self._watch: tuple[StageSet, int, int] | None = None  # (set, failsafe count at swap, frame at swap)
         self._config_watch: tuple | None = None  # (Config put live by update --config, failsafe, frame, refused)
+        # the set an automatic rollback left, why, and when (wall clock): `rollback` does not run it again
+        # unless forced (after an automatic rollback the previous set is the one that faulted)
+        self._auto_left: tuple[StageSet, str, int] | None = None
         self.swapped_ns = 0  # wall-clock time of the last swap (`_activate`)
 
     # -- preparation (worker thread) --------------------------------------------------------------
@@ -448,9 +451,19 @@ class HotSwap:
             return {**rec.as_dict(), "bounds": report,
                     "previous": {"model": self.previous.model_path, "sha256": self.previous.model_sha256.hex()}}
 
-    def rollback(self, component: str | None = None, reason: str = "operator request") -> dict:
-        """Back to the previous set (component None), or only its model / one of its modules."""
+    def rollback(self, component: str | None = None, reason: str = "operator request", force: bool = False) -> dict:
+        """Back to the previous set (component None), or only its model / one of its modules. A whole-set
+        rollback to the set an automatic rollback just left (it trapped, sent fail-safes, or the PLC refused it)
+        is refused unless `force`."""
         with self._lock:
+            left = self._auto_left
+            if component is None and not force and left is not None and self.previous is left[0]:
+                st, why, at = left
+                raise SwapRefused(
+                    f"the previous set, generation {st.generation} ({st.label}), is the one an automatic rollback "
+                    f"left at {time.strftime('%H:%M:%S', time.localtime(at / 1e9))}: {why}; rolling back to it "
+                    "would run it again. Fix the cause and `sitsctl update` it, or `sitsctl rollback --force` to run "
+                    "it anyway")
             out = self._rollback(component, reason, announce=True)
             self._settle(self.loop.stage_set, f"rollback of {out['component']} ({reason})")
             return out
@@ -586,6 +599,7 @@ class HotSwap:
             if self.loop.stage_set is not new:
                 return None
             rec = self._rollback(None, f"automatic: {reason}")
+            self._auto_left = (new, reason, time.time_ns())
             self._settle(self.loop.stage_set, f"automatic rollback of generation {new.generation}: {reason}")
         finally:
             self._lock.release()
@@ -1068,7 +1082,7 @@ def control_handlers(daemon) -> dict:
             daemon.log.warning("rollback", **{k: v for k, v in out.items() if k != "proof"})
             return {"rolled_back": True, **out, "pcr": daemon.measurements.value.hex() if daemon.measurements else None}
         component = req.get("module") or ("model" if req.get("model") else None)
-        out = daemon.hotswap.rollback(component)
+        out = daemon.hotswap.rollback(component, force=bool(req.get("force")))
         daemon.log.warning("rollback", **out)
         return {"rolled_back": True, **out, "pcr": daemon.measurements.value.hex() if daemon.measurements else None}
 

@@ -180,6 +180,11 @@ def test_trap_right_after_a_swap_rolls_back_automatically(host, tmp_path):
     loop.step(frame(3))
     assert not verifier.verify(sent[-1].envelope).command.failsafe
     assert first.first_frame == 3 and rec["generation"] == 1
+    # the operator's rollback would run the set that just trapped again: refused, unless forced
+    with pytest.raises(SwapRefused, match="automatic rollback left.*trap.*--force"):
+        hs.rollback()
+    assert loop.stage_set is first
+    assert hs.rollback(force=True)["generation"] == rec["generation"] and loop.stage_set is not first
 
 
 def test_a_version_that_sends_mostly_fail_safes_after_a_swap_rolls_back(host, tmp_path):
