@@ -336,7 +336,7 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
                  "module_traps": loop.counters.module_traps, "failsafe": loop.counters.failsafe,
                  "first_frame_after_swap_us": _pct(step_a[first]), "second_frame_after_swap_us": _pct(step_a[second]),
                  "step_us": _pct(step_a), "work_ms_p50": float(np.median(work_ms)) if work_ms else 0.0,
-                 "raw": {"due_ns": due_a, "start_ns": np.array(starts), "done_ns": np.array(done), "windows": windows}}
+                 "raw": {"due_ns": due_a, "start_ns": np.array(starts), "done_ns": np.array(done), "windows": windows, "woke_ns": woke_a, "lost": lost_mask}}
         return summary, extra
     finally:
         host.close()
