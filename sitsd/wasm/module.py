@@ -137,6 +137,7 @@ class ModuleInstance:
         self._ticks = host.deadline_ticks(limits.deadline_ms)
         self.deadline_ms = limits.deadline_ms
         self._set_fuel, self._set_deadline, self._call = host.fast_path_calls
+        self._released = host.released_calls
 
     def _slow_call(self, func: wasmtime.Func) -> int:
         """`version`/`selftest` at load: the public call path, bounded like `process` but more loosely."""
@@ -160,6 +161,18 @@ class ModuleInstance:
         self._set_fuel(ctx, self._fuel)
         self._set_deadline(ctx, self._ticks)
         err = self._call(ctx, self._func_ref, None, 0, self._results, 1, self._trap_ref)
+        if err or self._trap or self._results[0].of.i32:
+            self._failed(err)
+
+    def process_off_loop(self) -> None:
+        """`process` for a thread other than the loop's (golden vectors and warm-up while preparing a swap):
+        the C calls release the GIL, so a slow or hostile module's self-test (up to its fuel per step) never
+        holds the loop thread up."""
+        ctx = self._ctx
+        set_fuel, set_deadline, call = self._released
+        set_fuel(ctx, self._fuel)
+        set_deadline(ctx, self._ticks)
+        err = call(ctx, self._func_ref, None, 0, self._results, 1, self._trap_ref)
         if err or self._trap or self._results[0].of.i32:
             self._failed(err)
 
@@ -230,6 +243,7 @@ class WasmHost:
         self._ticker = EpochTicker(self.engine, tick_ms / 1000, native_ticker)
         # module calls keep the GIL only where the ticker does not need it
         self.fast_path_calls = _fast_path_calls(keep_gil=self._ticker.native)
+        self.released_calls = _fast_path_calls(keep_gil=False)  # for calls off the loop thread
 
     @property
     def ticker(self) -> dict:
@@ -332,7 +346,7 @@ def run_golden(inst: ModuleInstance, golden: dict, label: str) -> None:
                                 f"{inst.n_in}/{inst.n_out}")
         inst.input[:] = x
         try:
-            inst.process()
+            inst.process_off_loop()
         except ModuleTrap as exc:
             raise SelfTestError(f"{label}: golden step {i} trapped: {exc}") from None
         if not np.allclose(inst.output, want, rtol=0.0, atol=tol):
@@ -346,7 +360,7 @@ def warm_up(inst: ModuleInstance, golden: dict, label: str) -> None:
     step = golden["steps"][0]
     inst.input[:] = step["in"]
     try:
-        inst.process()
+        inst.process_off_loop()  # the same code as the loop's calls, the GIL released around it
     except ModuleTrap as exc:
         raise SelfTestError(f"{label}: warm-up call trapped: {exc}") from None
     if not np.allclose(inst.output, step["out"], rtol=0.0, atol=float(golden.get("tolerance", 1e-12))):

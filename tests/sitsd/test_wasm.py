@@ -174,6 +174,36 @@ def test_a_module_call_keeps_the_gil_and_the_native_deadline_still_stops_it(host
     assert max(np.diff(seen)) >= 20_000_000
 
 
+def test_golden_vectors_run_off_the_loop_with_the_gil_released(host, tmp_path):
+    # a swap's preparation runs the candidate's golden vectors on another thread than the loop's: a step that
+    # spins until its deadline must not hold the GIL (the loop thread would wait for it)
+    src = tmp_path / "spinner.wat"
+    shutil.copy(MISBEHAVE, src)
+    golden = json.loads(MISBEHAVE.with_name("misbehave.golden.json").read_text())
+    golden["steps"] = [{"in": [SPIN, 3.0, 1.4, 8000.0, 120.0, 2.667], "out": [SPIN, 3.0, 1.4, 8000.0, 120.0, 2.667]}]
+    src.with_name("spinner.golden.json").write_text(json.dumps(golden))
+    seen, stop = [], threading.Event()
+
+    def counter():
+        while not stop.is_set():
+            seen.append(time.perf_counter_ns())
+            time.sleep(0.0005)
+
+    t = threading.Thread(target=counter)
+    t.start()
+    try:
+        t0 = time.perf_counter_ns()
+        with pytest.raises(SelfTestError, match="golden step 0 trapped.*deadline"):
+            host.load("spinner", "pre", src, 6, 6, limits=Limits(deadline_ms=30.0, fuel=None))
+        t1 = time.perf_counter_ns()
+    finally:
+        stop.set()
+        t.join()
+    during = [x for x in seen if t0 <= x <= t1]
+    assert t1 - t0 >= 30_000_000 and len(during) >= 5  # the counter kept running through the 30 ms spin
+    assert max(np.diff([t0, *during, t1])) < 25_000_000
+
+
 def test_the_native_ticker_never_ticks_faster_than_its_period():
     import wasmtime
 
