@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import cbor2
@@ -227,7 +227,7 @@ class EnvelopeVerifier:
     """
 
     def __init__(self, public_key_pem: bytes, expected_model_sha256: bytes | None = None, *,
-                 freshness: bool = True, max_age_ns: int | None = DEFAULT_MAX_AGE_NS,
+                 also_accepted_models: Iterable[bytes] = (), freshness: bool = True, max_age_ns: int | None = DEFAULT_MAX_AGE_NS,
                  clock: Callable[[], int] | None = None, deadline_grace_ns: int = DEFAULT_DEADLINE_GRACE_NS,
                  max_future_ns: int | None = DEFAULT_MAX_FUTURE_NS,
                  max_validity_ns: int | None = DEFAULT_MAX_VALIDITY_NS) -> None:
@@ -241,6 +241,14 @@ class EnvelopeVerifier:
         self.algorithm = cose.algorithm_for_key(self.public_key)
         self.key_id = key_id_of(self.public_key)
         self.expected_model_sha256 = expected_model_sha256
+        # more models whose commands are accepted besides the expected one (a PLC told about a model update
+        # before the edge swaps to it); none without an expected model, which would accept any
+        also = tuple(bytes(m) for m in also_accepted_models)
+        if also and expected_model_sha256 is None:
+            raise ValueError("also_accepted_models needs expected_model_sha256 (without one every model is accepted)")
+        if any(len(m) != 32 for m in also):
+            raise ValueError("also_accepted_models must be SHA-256 digests (32 bytes each)")
+        self.accepted_models = frozenset((bytes(expected_model_sha256), *also)) if expected_model_sha256 else None
         self.freshness = bool(freshness)
         # None: no time checks at all (offline verification); only a verifier whose clock tracks the signer's
         # can judge freshness
@@ -261,10 +269,12 @@ class EnvelopeVerifier:
         except EnvelopeError as exc:
             raise EnvelopeError(f"bad signature on command {env.command.sequence}", exc.code) from None
         cmd = env.command
-        if self.expected_model_sha256 is not None and cmd.model_sha256 != self.expected_model_sha256:
+        if self.accepted_models is not None and bytes(cmd.model_sha256) not in self.accepted_models:
+            others = len(self.accepted_models) - 1
             raise EnvelopeError(
                 f"command {cmd.sequence} comes from model {cmd.model_sha256.hex()[:16]}…, "
-                f"expected {self.expected_model_sha256.hex()[:16]}…", "model")
+                f"expected {self.expected_model_sha256.hex()[:16]}…"
+                + (f" or one of {others} more accepted" if others else ""), "model")
         if cmd.sequence <= self.last_sequence:
             raise EnvelopeError(
                 f"sequence {cmd.sequence} is not above the last accepted {self.last_sequence} (replay)", "replay")

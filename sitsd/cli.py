@@ -52,7 +52,7 @@ def _cmd_demo(args) -> int:
                       seed=args.seed, rate_hz=args.rate, transport=args.transport, security=args.security,
                       field_encoding=args.field_encoding, profile=args.profile, signing=args.signing,
                       proof_every=args.proofs, compiled=not args.onnx, certify_session=args.certify_session,
-                      metrics=args.metrics)
+                      metrics=args.metrics, accept_models=tuple(args.accept_model))
     print(human_summary(result))
     if args.json:
         print(json.dumps(result))
@@ -484,6 +484,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last line")
     demo.add_argument("--config", type=Path, default=None, help="config to run (default examples/rolling-mill.yaml)")
     demo.add_argument("--software", action="store_true", help="use a software key even if swtpm is installed")
+    demo.add_argument("--accept-model", action="append", default=[], type=Path, metavar="PATH",
+                      help="the simulated PLC also accepts commands from this model (ONNX file or `sitsctl compile` "
+                      "artifact), besides the demo model it pins: try `sitsctl update --model PATH` on the running "
+                      "demo (docs/hotswap.md). Repeatable; needs --software or --signing tpm-direct")
     demo.add_argument("--seed", type=int, default=1, help="disturbance sequence seed (default 1)")
     demo.add_argument("--rate", type=float, default=100.0, help="sensor frames per second (default 100)")
     demo.add_argument("--transport", choices=("udp", "opcua", "eth"), default="udp",

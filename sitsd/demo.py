@@ -144,13 +144,42 @@ def _demo_approval(config_path: Path, base, workdir: Path, say) -> dict:
             "attestation.authority_key": str(public)}
 
 
+def _accepted_models(paths, session: bool, say) -> list[str]:
+    """The SHA-256 (hex) of each model the demo's PLC is to accept besides the demo model (--accept-model)."""
+    if not paths:
+        return []
+    if session:
+        raise StartupError("--accept-model: the simulated PLC checks a tpm-session credential that measures one model; "
+                           "run the demo with --software or --signing tpm-direct to let it accept more")
+    from ep.artifact import resolve_model
+    from ep.errors import ModelLoadError
+
+    out = []
+    for path in paths:
+        try:
+            sha = resolve_model(Path(path))[1].hex()
+            if Path(path).is_file():  # an artifact directory's manifest was checked by resolve_model
+                import onnx
+
+                try:
+                    onnx.load_model(str(path), load_external_data=False)
+                except Exception as exc:  # protobuf's DecodeError and friends
+                    raise ModelLoadError(f"not an ONNX model: {exc}") from None
+        except (ModelLoadError, OSError) as exc:
+            raise StartupError(f"--accept-model {path}: cannot read it as a model ({exc}); give an ONNX file or a "
+                               "`sitsctl compile` artifact directory") from None
+        say(f"PLC: also accepts commands from model {sha[:16]}… ({path}): `sitsctl update --model {path}` can swap it in")
+        out.append(sha)
+    return out
+
+
 def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_path: Path | None = None,
              progress: TextIO | None = sys.stderr, force_software: bool = False, seed: int = 1,
              rate_hz: float = 100.0, overrides: dict | None = None, transport: str = "udp",
              security: str = "sign-and-encrypt", field_encoding: str = "variant",
              profile: str = "simulator", signing: str = "tpm-session", proof_every: int = 0,
              compiled: bool = True, certify_session: bool = False, metrics: str | None = None,
-             on_metrics: Callable[[str, str], None] | None = None) -> dict:
+             on_metrics: Callable[[str, str], None] | None = None, accept_models: tuple = ()) -> dict:
     """Run the closed loop for `seconds` (or until `frames` frames) and return the summary dict.
 
     transport: "udp" (UADP over UDP multicast, read by the loop thread) or "opcua" (an OPC UA
@@ -164,6 +193,9 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
     demo owns this endpoint rather than the daemon (the config's metrics section is turned off): it serves from the
     daemon's READY until the summary has been read after the daemon stopped, so a last scrape sees exactly the
     rows the summary's latency_us comes from. Its URL is printed and returned as metrics_url.
+    accept_models: model files or artifact directories whose commands the simulated PLC accepts besides the demo
+    model's (it pins the model hash in every command): the models `sitsctl update --model` may then swap in. Only
+    with software or tpm-direct signing (a tpm-session credential measures one model).
     on_metrics: called as on_metrics("serving", url) once the endpoint serves the running daemon, and as
     on_metrics("stopped", url) after the daemon stopped and the summary's numbers were taken, the endpoint still up.
 
@@ -228,6 +260,7 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
                 say("proofs: off (skipped: there is no circuit for the streaming transformer's attention)")
                 proof_every = 0
         session = hasattr(signer, "bind")
+        also_accepted = _accepted_models(accept_models, session, say)
         # certify_session (tpm-session on an MLP): a throwaway authority approves this model and these modules, the
         # TPM certifies the session key only in that measured state, and the simulated PLC accepts only a certified
         # session key. Off by default: under it hot swaps are refused, and the demo is where one tries them
@@ -238,6 +271,8 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
         sim_extra = ("--trust-policy-key", str(workdir / "audit" / POLICY_KEY_FILE),
                      "--approval", certify["attestation.approval"],
                      "--authority-pub", certify["attestation.authority_key"]) if certify else ()
+        for sha in also_accepted:
+            sim_extra += ("--also-accept-model-sha256", sha)
         key_path = workdir / ("device.pub.pem" if session else "signer.pub.pem")
         key_path.write_bytes(signer.device_public_key_pem() if session else signer.public_key_pem())
         how = {"udp": f"UADP on {udp_url}", "opcua": "OPC UA subscription",

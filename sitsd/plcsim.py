@@ -27,10 +27,32 @@ from attestation.envelope import EnvelopeVerifier
 from plc.simulator.server import CommandRejected, RollingMillSimulator, SimulatorSettings
 
 
+def also_accepted_models(args, session_mode: bool) -> tuple[bytes, ...]:
+    """--also-accept-model-sha256, checked: SHA-256 digests, with --model-sha256, not in tpm-session mode."""
+    given = args.also_accept_model_sha256
+    if not given:
+        return ()
+    try:
+        also = tuple(bytes.fromhex(h) for h in given)
+    except ValueError:
+        also = ()
+    if len(also) != len(given) or any(len(m) != 32 for m in also):
+        raise SystemExit("sitsctl plcsim: --also-accept-model-sha256 takes a SHA-256 in hex (64 digits)")
+    if not args.model_sha256:
+        raise SystemExit("sitsctl plcsim: --also-accept-model-sha256 goes with --model-sha256 (without it every "
+                         "model is accepted)")
+    if session_mode:
+        raise SystemExit("sitsctl plcsim: --also-accept-model-sha256 goes with --trust-key (software and tpm-direct "
+                         "signing); a tpm-session credential measures one model, --model-sha256")
+    return also
+
+
 class LazyVerifier:
-    def __init__(self, key_path: Path, model_sha256: bytes | None, freshness: dict | None = None) -> None:
+    def __init__(self, key_path: Path, model_sha256: bytes | None, freshness: dict | None = None,
+                 also_accepted_models: tuple[bytes, ...] = ()) -> None:
         self.key_path = key_path
         self.model_sha256 = model_sha256
+        self.also_accepted_models = also_accepted_models
         # EnvelopeVerifier's freshness options (freshness_options); empty: its defaults, which check freshness
         self.freshness = freshness or {}
         self._verifier: EnvelopeVerifier | None = None
@@ -38,7 +60,8 @@ class LazyVerifier:
     def __call__(self, envelope: bytes):
         if self._verifier is None:
             try:
-                self._verifier = EnvelopeVerifier(self.key_path.read_bytes(), self.model_sha256, **self.freshness)
+                self._verifier = EnvelopeVerifier(self.key_path.read_bytes(), self.model_sha256,
+                                                  also_accepted_models=self.also_accepted_models, **self.freshness)
             except (OSError, ValueError) as exc:
                 raise CommandRejected(f"no trusted key at {self.key_path}: {exc}", "key") from exc
         env = self._verifier.verify(envelope)
@@ -194,6 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "approve), which must approve --model-sha256; needs --authority-pub")
     ap.add_argument("--authority-pub", type=Path, default=None, help="the authority public key --approval is checked with")
     ap.add_argument("--model-sha256", default=None, help="accept only commands from this model (hex)")
+    ap.add_argument("--also-accept-model-sha256", action="append", default=[], metavar="HEX",
+                    help="with --trust-key (software and tpm-direct signing): accept commands from this model too, "
+                    "besides --model-sha256 (a PLC told about a model update before the edge swaps to it); repeat "
+                    "for more. Not for tpm-session, whose credential measures the one model --model-sha256 names")
     ap.add_argument("--expect-module", action="append", default=[], metavar="STAGE=SHA256",
                     help="tpm-session: accept a session credential only if its measurement log (PCR 23, quoted with "
                     "the session key) says this module runs at STAGE (pre or post); repeat for each stage. The "
@@ -314,13 +341,14 @@ async def run(args) -> int:
         raise SystemExit("sitsctl plcsim: --expect-module, --expect-config-sha256 and --require-measurements check "
                          "the tpm-session credential: they go with --trust-device-key or --enrollment")
     freshness = {**freshness, **pins}
+    also = also_accepted_models(args, session_mode)
     if session_mode:
         sim = RollingMillSimulator(settings, None,
                                    session_acceptor=SessionAcceptor(args.trust_device_key, model, freshness,
                                                                     args.trust_policy_key, approval, authority,
                                                                     enrollment=enrollment))
     else:
-        sim = RollingMillSimulator(settings, LazyVerifier(args.trust_key, model, freshness))
+        sim = RollingMillSimulator(settings, LazyVerifier(args.trust_key, model, freshness, also))
     await sim.start()
     publisher = threading.Thread(target=sim.run_publisher, args=(args.duration,), name="plcsim-publisher", daemon=True)
     publisher.start()

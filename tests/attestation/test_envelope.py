@@ -92,6 +92,20 @@ def test_wrong_model_and_wrong_key():
     assert exc.value.code == "key"
 
 
+def test_more_accepted_models_widen_the_pin_and_nothing_else():
+    second, third = hashlib.sha256(b"model v2").digest(), hashlib.sha256(b"other").digest()
+    verifier = EnvelopeVerifier(SIGNER.public_key_pem(), MODEL, also_accepted_models=[second])
+    assert verifier.verify(SIGNER.sign_command(_cmd(1))).command.model_sha256 == MODEL
+    assert verifier.verify(SIGNER.sign_command(_cmd(2, model=second))).command.model_sha256 == second
+    with pytest.raises(EnvelopeError, match="or one of 1 more accepted") as exc:
+        verifier.verify(SIGNER.sign_command(_cmd(3, model=third)))
+    assert exc.value.code == "model"
+    with pytest.raises(ValueError, match="needs expected_model_sha256"):
+        EnvelopeVerifier(SIGNER.public_key_pem(), None, also_accepted_models=[second])
+    with pytest.raises(ValueError, match="32 bytes"):
+        EnvelopeVerifier(SIGNER.public_key_pem(), MODEL, also_accepted_models=[second[:31]])
+
+
 def test_signature_from_another_key_with_a_copied_kid_is_rejected():
     cmd = _cmd(1)
     signed, parts = to_be_signed(cmd, SIGNER.algorithm, SIGNER.key_id)

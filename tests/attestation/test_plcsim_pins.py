@@ -5,7 +5,7 @@ import hashlib
 import pytest
 
 from attestation.session import CredentialError
-from sitsd.plcsim import SessionAcceptor, build_parser, freshness_options, measurement_pins
+from sitsd.plcsim import SessionAcceptor, also_accepted_models, build_parser, freshness_options, measurement_pins
 
 from .test_session import MODEL, command
 from .test_session_measured import CONFIG, POST, PRE, bound, started
@@ -57,3 +57,18 @@ def test_require_measurements_is_passed_on():
     args = build_parser().parse_args(["--trust-key", "k.pem", "--require-measurements"])
     assert measurement_pins(args) == {"require_measurements": True}
     assert measurement_pins(build_parser().parse_args(["--trust-key", "k.pem"])) == {}
+
+
+def test_also_accepted_models_are_checked():
+    m2 = "ab" * 32
+    args = build_parser().parse_args(["--trust-key", "k.pem", "--model-sha256", "cd" * 32,
+                                      "--also-accept-model-sha256", m2])
+    assert also_accepted_models(args, session_mode=False) == (bytes.fromhex(m2),)
+    assert also_accepted_models(build_parser().parse_args(["--trust-key", "k.pem"]), session_mode=False) == ()
+    with pytest.raises(SystemExit, match="measures one model"):
+        also_accepted_models(args, session_mode=True)
+    for argv, message in ((["--model-sha256", "cd" * 32, "--also-accept-model-sha256", "xyz"], "64 digits"),
+                          (["--model-sha256", "cd" * 32, "--also-accept-model-sha256", "ab" * 31], "64 digits"),
+                          (["--also-accept-model-sha256", m2], "goes with --model-sha256")):
+        with pytest.raises(SystemExit, match=message):
+            also_accepted_models(build_parser().parse_args(["--trust-key", "k.pem", *argv]), session_mode=False)

@@ -150,3 +150,90 @@ def test_no_secret_reaches_the_logs():
     assert "PRIVATE KEY" not in text and "private_bytes" not in text
     pems = set(re.findall(r"-----BEGIN ([A-Z ]+)-----", text))
     assert pems <= {"PUBLIC KEY", "CERTIFICATE"}, pems
+
+
+class _Lines:
+    """A progress stream for run_demo: keeps the lines and says when the control socket is up."""
+
+    def __init__(self):
+        import threading
+
+        self.lines, self.socket, self.ready = [], None, threading.Event()
+
+    def write(self, text):
+        for line in text.splitlines():
+            self.lines.append(line)
+            if "control socket " in line:
+                self.socket = line.rsplit("control socket ", 1)[1].strip()
+                self.ready.set()
+
+    def flush(self):
+        pass
+
+
+def test_sitsctl_update_swaps_both_modules_and_an_accepted_model_on_the_running_demo(tmp_path):
+    # the issue's acceptance on the demo itself: its simulated PLC pins the demo model, --accept-model tells it
+    # about a second one, and `sitsctl update` swaps the pre module, the post module and the model while the
+    # demo runs, with no frame lost (the daemon's own counters) and no command refused by the PLC
+    import hashlib
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from sitsd.control import request
+
+    from ..conftest import REPO
+    from .test_hotswap import model_variant, module_versions
+
+    pre_v2 = module_versions(tmp_path / "pre", "pre_filter", versions=(2,))[0]
+    post_v2 = module_versions(tmp_path / "post", "post_command", versions=(2,))[0]
+    model_b = model_variant(tmp_path / "rolling_mill_b.onnx")
+    progress, result = _Lines(), {}
+    t = threading.Thread(target=lambda: result.update(r=run_demo(
+        seconds=30, progress=progress, force_software=True, security="none", accept_models=(model_b,))))
+    t.start()
+    try:
+        assert progress.ready.wait(120), progress.lines
+        assert any("also accepts commands from model" in line for line in progress.lines)
+        watched = ("failsafe", "dropped", "deadline_missed", "lost", "expired")
+        time.sleep(2.0)  # past the startup frames (a fail-safe or two while the first writes warm up)
+        before = request(progress.socket, "status")["counters"]
+        for what in (("--module", pre_v2), ("--module", post_v2), ("--model", model_b)):
+            r = subprocess.run([sys.executable, "-m", "sitsd.cli", "update", what[0], str(what[1]), "--socket",
+                                progress.socket], capture_output=True, text=True, timeout=120, cwd=REPO)
+            assert r.returncode == 0 and "swapped" in r.stdout, r.stderr
+        time.sleep(1.0)  # the model's first commands reached the PLC
+        status = request(progress.socket, "status")
+        after = status["counters"]
+        assert {k: after[k] - before[k] for k in watched} == dict.fromkeys(watched, 0), (before, after,
+                                                                                          status["recent_alerts"])
+        assert after["frames"] > before["frames"] + 50
+        versions = request(progress.socket, "versions")
+        assert [h["component"] for h in versions["history"]] == ["module:pre", "module:post", "model"]
+        assert versions["current"]["pre"]["version"] == 2 and versions["current"]["post"]["version"] == 2
+    finally:
+        t.join(90)
+    r = result["r"]
+    assert r["model_sha256"] == hashlib.sha256(model_b.read_bytes()).hexdigest()
+    assert r["rejected_by_plc"] == 0 and r["dropped"] == 0
+    assert r["alerts"].get("rollback", 0) == 0 and r["alerts"].get("model_swap") == 1
+
+
+def test_accept_model_is_refused_with_the_fix_where_the_plc_checks_a_session_credential(tmp_path):
+    from sitsd.demo import _accepted_models
+    from sitsd.errors import StartupError
+
+    from ..conftest import DEMO_MODEL
+
+    said = []
+    assert _accepted_models((DEMO_MODEL,), session=False, say=said.append) == [
+        __import__("hashlib").sha256(DEMO_MODEL.read_bytes()).hexdigest()]
+    assert "sitsctl update --model" in said[0]
+    with pytest.raises(StartupError, match="--software or --signing tpm-direct"):
+        _accepted_models((DEMO_MODEL,), session=True, say=said.append)
+    (tmp_path / "junk.onnx").write_bytes(b"not a model")
+    with pytest.raises(StartupError, match="cannot read it as a model"):
+        _accepted_models((tmp_path / "junk.onnx",), session=False, say=said.append)
+    with pytest.raises(StartupError, match="cannot read it as a model"):
+        _accepted_models((tmp_path / "missing.onnx",), session=False, say=said.append)
