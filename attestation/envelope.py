@@ -248,7 +248,7 @@ class EnvelopeVerifier:
             raise ValueError("also_accepted_models needs expected_model_sha256 (without one every model is accepted)")
         if any(len(m) != 32 for m in also):
             raise ValueError("also_accepted_models must be SHA-256 digests (32 bytes each)")
-        self.accepted_models = frozenset((bytes(expected_model_sha256), *also)) if expected_model_sha256 else None
+        self.also_accepted_models = frozenset(also)
         self.freshness = bool(freshness)
         # None: no time checks at all (offline verification); only a verifier whose clock tracks the signer's
         # can judge freshness
@@ -269,8 +269,9 @@ class EnvelopeVerifier:
         except EnvelopeError as exc:
             raise EnvelopeError(f"bad signature on command {env.command.sequence}", exc.code) from None
         cmd = env.command
-        if self.accepted_models is not None and bytes(cmd.model_sha256) not in self.accepted_models:
-            others = len(self.accepted_models) - 1
+        if (self.expected_model_sha256 is not None and cmd.model_sha256 != self.expected_model_sha256
+                and bytes(cmd.model_sha256) not in self.also_accepted_models):
+            others = len(self.also_accepted_models)
             raise EnvelopeError(
                 f"command {cmd.sequence} comes from model {cmd.model_sha256.hex()[:16]}…, "
                 f"expected {self.expected_model_sha256.hex()[:16]}…"
