@@ -1,5 +1,6 @@
 """The WASM host on real wasmtime: golden vectors, the fast call path, deadlines, fuel, memory limits,
 the .cwasm integrity check, and traps in the loop turning into the fail-safe command."""
+import contextlib
 import json
 import shutil
 import threading
@@ -24,6 +25,26 @@ def host(tmp_path):
     h = WasmHost(tmp_path / "cache")
     yield h
     h.close()
+
+
+@contextlib.contextmanager
+def python_thread_stamps():
+    """A Python thread stamping the clock every 0.5 ms while the block runs (the stamps, a list, are yielded):
+    a gap in them is a time it could not get the GIL."""
+    seen, stop = [], threading.Event()
+
+    def counter():
+        while not stop.is_set():
+            seen.append(time.perf_counter_ns())
+            time.sleep(0.0005)
+
+    t = threading.Thread(target=counter)
+    t.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        t.join()
 
 
 def reference_pre(steps, scale, offset, alpha):
@@ -149,25 +170,12 @@ def test_a_module_call_keeps_the_gil_and_the_native_deadline_still_stops_it(host
     v = host.load("misbehave", "pre", MISBEHAVE, 6, 6, limits=Limits(deadline_ms=20.0, fuel=None))
     inst = v.instance
     inst.input[:] = [SPIN, 3.0, 1.4, 8000.0, 120.0, 2.667]
-    seen = []
-    stop = threading.Event()
-
-    def counter():
-        while not stop.is_set():
-            seen.append(time.perf_counter_ns())
-            time.sleep(0.0005)
-
-    t = threading.Thread(target=counter)
-    t.start()
-    time.sleep(0.01)
-    try:
+    with python_thread_stamps() as seen:
+        time.sleep(0.01)
         t0 = time.perf_counter_ns()
         with pytest.raises(ModuleTrap) as err:
             inst.process()
         t1 = time.perf_counter_ns()
-    finally:
-        stop.set()
-        t.join()
     assert err.value.code == "deadline"
     assert t1 - t0 >= 20_000_000  # never before the deadline
     # no Python thread ran during the call: the counter's stamps (every 0.5 ms otherwise) skip the deadline
@@ -182,23 +190,11 @@ def test_golden_vectors_run_off_the_loop_with_the_gil_released(host, tmp_path):
     golden = json.loads(MISBEHAVE.with_name("misbehave.golden.json").read_text())
     golden["steps"] = [{"in": [SPIN, 3.0, 1.4, 8000.0, 120.0, 2.667], "out": [SPIN, 3.0, 1.4, 8000.0, 120.0, 2.667]}]
     src.with_name("spinner.golden.json").write_text(json.dumps(golden))
-    seen, stop = [], threading.Event()
-
-    def counter():
-        while not stop.is_set():
-            seen.append(time.perf_counter_ns())
-            time.sleep(0.0005)
-
-    t = threading.Thread(target=counter)
-    t.start()
-    try:
+    with python_thread_stamps() as seen:
         t0 = time.perf_counter_ns()
         with pytest.raises(SelfTestError, match="golden step 0 trapped.*deadline"):
             host.load("spinner", "pre", src, 6, 6, limits=Limits(deadline_ms=30.0, fuel=None))
         t1 = time.perf_counter_ns()
-    finally:
-        stop.set()
-        t.join()
     during = [x for x in seen if t0 <= x <= t1]
     assert t1 - t0 >= 30_000_000 and len(during) >= 5  # the counter kept running through the 30 ms spin
     assert max(np.diff([t0, *during, t1])) < 25_000_000
