@@ -66,7 +66,7 @@ import cbor2
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from . import cose
+from . import cose, fastsign
 from .measurement import DEFAULT_PCR as MEASUREMENT_PCR
 from .measurement import MAX_KIND_BYTES, MAX_NAME_BYTES, MeasuredState, MeasurementError, measured_state, replay_entries
 from .cose import es256_from_der
@@ -440,6 +440,9 @@ class TpmSessionSigner:
         self._session_public_pem = _pem(self._key.public_key())
         self.key_id = key_id_of(self._key.public_key())
         self._ecdsa = ec.ECDSA(hashes.SHA256())
+        # the loop's signature keeps the GIL where libcrypto is there (attestation.fastsign)
+        self._held, why = fastsign.load(self._key)
+        self.sign_path = "libcrypto, GIL held" if self._held is not None else f"cryptography, GIL released ({why})"
 
     def _abandon(self) -> None:
         esapi, self._esapi = self._esapi, None
@@ -688,7 +691,15 @@ class TpmSessionSigner:
         if reason is not None:
             raise TpmError(f"not signed: the session key is not bound to the TPM ({reason})")
         signed, parts = to_be_signed(cmd, self.algorithm, self.key_id)
-        return assemble(parts, es256_from_der(key.sign(signed, self._ecdsa)))  # COSE wants r||s, not DER
+        held = self._held
+        if held is not None:
+            try:
+                der = held.sign(signed)
+            except fastsign.SignError as exc:  # closed meanwhile, or libcrypto refused: nothing unsigned leaves
+                raise TpmError(f"not signed: {exc}") from None
+        else:
+            der = key.sign(signed, self._ecdsa)
+        return assemble(parts, es256_from_der(der))  # COSE wants r||s, not DER
 
     def _open_esapi(self):
         if self._esapi is None:
@@ -698,6 +709,9 @@ class TpmSessionSigner:
     def close(self) -> None:
         """Never waits for a hung TPM: the key is dropped at once, the context closed only if the TPM thread is free."""
         self._key = None
+        held = getattr(self, "_held", None)
+        if held is not None:
+            held.close()
         if not self._lock.acquire(timeout=1.0):
             self._esapi = None  # a hung call holds the context: the process exit reclaims it
             self._worker.stop()

@@ -6,6 +6,7 @@ from typing import Protocol
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
+from . import fastsign
 from .envelope import ALG_ED25519, Command, assemble, key_id_of, to_be_signed
 
 
@@ -30,6 +31,10 @@ class SoftwareSigner:
     def __init__(self, private_key: ed25519.Ed25519PrivateKey | None = None) -> None:
         self._key = private_key or ed25519.Ed25519PrivateKey.generate()
         self.key_id = key_id_of(self._key.public_key())
+        # the loop's signature keeps the GIL where libcrypto is there (attestation.fastsign)
+        self._held, why = fastsign.load(self._key)
+        self._sign = self._held.sign if self._held is not None else self._key.sign
+        self.sign_path = "libcrypto, GIL held" if self._held is not None else f"cryptography, GIL released ({why})"
 
     def public_key_pem(self) -> bytes:
         return self._key.public_key().public_bytes(
@@ -37,7 +42,8 @@ class SoftwareSigner:
 
     def sign_command(self, cmd: Command) -> bytes:
         signed, parts = to_be_signed(cmd, self.algorithm, self.key_id)
-        return assemble(parts, self._key.sign(signed))
+        return assemble(parts, self._sign(signed))
 
     def close(self) -> None:
-        pass
+        if self._held is not None:
+            self._held.close()

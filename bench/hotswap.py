@@ -64,7 +64,7 @@ from plc.frame import Frame, RxStampSource  # noqa: E402
 from sitsd.config import load_config  # noqa: E402
 from sitsd.gates import ConstraintGate, SafetyEnvelope, TimestampGate  # noqa: E402
 from sitsd.hotswap import HotSwap, freeze_heap, model_bounds_check  # noqa: E402
-from sitsd.pipeline import ControlLoop, Counters  # noqa: E402
+from sitsd.pipeline import ControlLoop, Counters, GilPriority  # noqa: E402
 from sitsd.stats import TimingRing  # noqa: E402
 from sitsd.wasm import WasmHost  # noqa: E402
 
@@ -200,15 +200,18 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
             if realtime_priority:  # as runtime.realtime_priority does for the daemon's loop thread
                 os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(realtime_priority))
             seq, t_first = 0, time.perf_counter_ns() + period_ns
+            gil = GilPriority()  # as ControlLoop._run: 0.2 ms switch interval while waiting, the default while running
             while not stop.is_set():
                 sched = t_first + seq * period_ns  # this frame's tick: the PLC sent it then
                 delay = sched - time.perf_counter_ns()
                 w = 0
                 if delay > 0:
+                    gil.waiting()
                     if sleep_until is not None:  # the GIL released, the kernel's wake-up time kept apart
                         w = sleep_until(sched)
                     else:
                         time.sleep(delay / 1e9)
+                    gil.running()
                 seq += 1
                 sender = sched + wall_offset
                 f = Frame(7, 1, seq & 0xFFFF or 1, sender, sender + 50_000, RxStampSource.SOFTWARE, NOMINAL)
@@ -222,6 +225,7 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
                 step_us.append((t1 - t0) / 1e3)
                 gens.append(loop.last_generation)
                 loop.frame_boundary()  # as the daemon's loop thread does before waiting for its next frame
+            gil.restore()
 
         def swapper():
             rng = random.Random(1)

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from . import capi
 from . import providers as prov
 from .artifact import resolve_model
 from .errors import ModelLoadError
@@ -122,7 +123,7 @@ class Session:
     def __init__(self, model: str | Path | bytes, *, policy: str = "auto", threads: int = 1,
                  expected_sha256: str | None = None, fp8_storage: bool | None = None,
                  provider_options: dict[str, str] | None = None, use_device_api: bool | None = None,
-                 label: str | None = None) -> None:
+                 label: str | None = None, held_gil: bool = False) -> None:
         if isinstance(model, (bytes, bytearray)):
             data, self.path, self.manifest = bytes(model), None, None
             self.sha256 = hashlib.sha256(data).digest()
@@ -148,6 +149,18 @@ class Session:
                                  f"{self.choice.provider}: {exc}") from exc
         self.placement = prov.node_placement(self.session)
         self.notes = [f"provider: {self.choice.describe()}"]
+        # `held_gil`: also a session of the same bytes through ORT's C API, whose run keeps the GIL (ep.capi)
+        self.capi: capi.CpuSession | None = None
+        self.capi_error = "not asked for" if not held_gil else ""
+        if held_gil and self.choice.provider != prov.CPU:
+            self.capi_error = f"the C API path runs the CPU execution provider only ({self.choice.provider} chosen)"
+        elif held_gil:
+            self.capi_error = capi.load_error()
+            if not self.capi_error:
+                try:
+                    self.capi = capi.CpuSession(data, threads, fp8_storage=self.fp8_folded)
+                except capi.CApiError as exc:
+                    self.capi_error = str(exc)
         if self.compute and self.compute.get("mode") != "fp32":
             from .lowering import describe
 
@@ -192,7 +205,7 @@ class ModelRunner:
     def __init__(self, path: str | Path, n_inputs: int, n_outputs: int, threads: int = 1,
                  expected_sha256: str | None = None, policy: str = "cpu") -> None:
         self.path = Path(path)
-        self.ep = Session(self.path, policy=policy, threads=threads, expected_sha256=expected_sha256)
+        self.ep = Session(self.path, policy=policy, threads=threads, expected_sha256=expected_sha256, held_gil=True)
         self.sha256, self.manifest, self.session = self.ep.sha256, self.ep.manifest, self.ep.session
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         if len(inputs) != 1 or len(outputs) != 1:
@@ -210,13 +223,28 @@ class ModelRunner:
         self.output = np.zeros((1, n_outputs), dtype=np.float32)
         self._binding = self.ep.bind({self.input_name: self.input}, {self.output_name: self.output})
         self._run = self._binding.run
+        self.run_path = f"pybind run_with_iobinding, GIL released ({self.ep.capi_error})"
+        if self.ep.capi is not None:  # the loop's call keeps the GIL (ep.capi); checked against pybind below
+            self._run = self.ep.capi.bind(self.input_name, self.input, self.output_name, self.output)
+            self.run_path = f"ONNX Runtime C API {self.ep.capi.version}, GIL held"
         self._self_test()
-        self._binding.warm_up()
+        for _ in range(WARMUP_RUNS):  # first-call allocations, page faults, caches: before the first frame
+            self._run()
 
     def _self_test(self) -> None:
         rng = np.random.default_rng(0)
         self.input[:] = rng.standard_normal(self.input.shape).astype(np.float32)
         expected = self.session.run([self.output_name], {self.input_name: self.input.copy()})[0]
+        if self._run is not self._binding.run:  # the C API session: it must give what pybind gives, else unused
+            try:
+                self._run()
+                why = "" if np.allclose(expected, self.output, rtol=1e-5, atol=1e-6) else (
+                    f"its output {self.output.ravel()[:4]} differs from pybind's {expected.ravel()[:4]}")
+            except capi.CApiError as exc:
+                why = str(exc)
+            if why:
+                self._run = self._binding.run
+                self.run_path = f"pybind run_with_iobinding, GIL released (the C API session failed its check: {why})"
         self.run()
         if not np.allclose(expected, self.output, rtol=1e-5, atol=1e-6):
             raise ModelLoadError(f"model {self.path}: pre-bound output differs from a plain run "

@@ -239,6 +239,11 @@ class Daemon:
             self.log.warning("python epoch ticker", detail="sitsd._native is not built: the WASM epoch ticker runs as "
                              "a Python thread and module calls release the GIL, so the loop thread waits for it "
                              "more often", fix="reinstall sits2026 with a C compiler and the Python headers")
+        sign_path = getattr(self.signer, "sign_path", "")
+        if sign_path.startswith("cryptography"):
+            self.log.warning("signature releases the GIL", detail=f"commands are signed through {sign_path}: the loop "
+                             "thread hands the GIL to other threads in the middle of each frame and waits to get it "
+                             "back", fix="install OpenSSL's libcrypto (libssl3) on the box")
         self.loop = ControlLoop(
             source=self.source,
             timestamp_gate=TimestampGate(

@@ -40,29 +40,25 @@ WATCH_FRAMES = 200  # frames after a swap during which a fault or an error spike
 MAX_DEADLINE_TRAPS_IN_WATCH = 3
 
 
-PREPARE_SWITCH_INTERVAL_S = 0.0002
 KEPT_SETS = 8  # stage sets kept loaded for their counters (the running one and the rollback target always)
 RETIRED_SETS_LISTED = 1000  # retired sets still listed (counters only, ~200 B each) in `sitsctl versions`
 
 
 @contextlib.contextmanager
 def _preparing():
-    """While a preparation runs: a short GIL switch interval, so a loop thread waking for its next frame waits
-    at most 0.2 ms for the GIL instead of the default 5 ms (restored afterwards); and the heap frozen first
-    (`gc.freeze`, see freeze_heap), so a full collection that the preparation's allocations trigger does not
-    hold the GIL for tens of ms.
+    """While a preparation runs: the heap frozen first (`gc.freeze`, see freeze_heap), so a full collection
+    that the preparation's allocations trigger does not hold the GIL for tens of ms.
+    The GIL switch interval is the loop thread's to manage (sitsd.pipeline.GilPriority: 0.2 ms while it
+    waits for a frame, the default while it runs one). Until 2026-12-02 this set 0.2 ms for the whole
+    preparation, which also let the preparing thread take the GIL 0.2 ms into every frame (measured:
+    bench/hotswap.py near-swap p99 2.5-3.5 ms with it, 1.5-2.2 ms without; docs/hotswap.md).
     The preparing thread keeps its priority. It used to run at nice 19, which was worse than nothing: a thread
     that holds the GIL, even for 0.2 ms of bytecode, and is then preempted by any nice-0 process keeps the
     SCHED_FIFO loop waiting until the scheduler gets back to it. Under two CPU hogs on the 2-core box,
     bench/hotswap.py lost 14708 of 184285 frames with nice 19 and 896 of 182154 without (docs/hotswap.md).
     The unit's syscall filter refuses setpriority anyway."""
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(min(interval, PREPARE_SWITCH_INTERVAL_S))
     gc.freeze()
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(interval)
+    yield
 
 
 def freeze_heap(collect: bool = True) -> int:
@@ -630,7 +626,8 @@ class HotSwap:
         loop = {"frames": c.frames, "dropped_timestamp": c.dropped_timestamp,
                 "dropped_constraint": c.dropped_constraint, "module_traps": c.module_traps,
                 "frames_in_sets": frames_in_sets,
-                "epoch_ticker": self.host.ticker if self.host is not None else None}
+                "epoch_ticker": self.host.ticker if self.host is not None else None,
+                "sign_path": getattr(self.loop.signer, "sign_path", None)}
         return {"loop": loop, "current": self.loop.stage_set.describe(), "generation": self.loop.stage_set.generation,
                 "sets": r["sets"] + [{"generation": s.generation, "label": s.label, "frames": s.frames,
                                       "traps": s.traps} for s in self.sets], "modules": modules, "models": models,

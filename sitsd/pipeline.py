@@ -8,6 +8,7 @@ timing.deadline_ms) would be missed gets the fail-safe command instead of the mo
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -64,6 +65,45 @@ class Counters:
 
 class FrameSource(Protocol):
     def receive(self, timeout_s: float) -> Frame | None: ...
+
+
+LOOP_GIL_WAIT_S = 0.0002  # the switch interval while the loop thread waits for a frame (see GilPriority)
+
+
+class GilPriority:
+    """The loop thread's precedence for the GIL, made from CPython's one knob: the switch interval.
+
+    A thread that waits for the GIL asks its holder to drop it after one switch interval; the holder drops
+    it at its next bytecode boundary and waits until the other thread has it. The interval is read by the
+    waiting thread each time it starts waiting. So the loop thread sets it short (`wait_s`, 0.2 ms) before it
+    blocks for its next frame: when the frame comes and a preparing thread holds the GIL, the loop gets it
+    within 0.2 ms. It sets it back to the interpreter's default (`run_s`, 5 ms) as soon as it holds the GIL:
+    a thread that starts waiting during the frame (the one it just took the GIL from) then waits for the end
+    of the frame instead of taking the GIL back after 0.2 ms, in the middle of it.
+
+    One short interval for the whole process during a preparation (what sitsd.hotswap did before) is
+    symmetric: the preparing thread also took the GIL from the loop 0.2 ms into every frame. With the
+    signature (attestation.fastsign) and the model run (ep.capi) keeping the GIL, a frame is one stretch of
+    bytecode and C calls that only a forced switch can interrupt, and that is what `run_s` keeps away.
+    Only the loop thread changes the interval (nothing else in sitsd does)."""
+
+    __slots__ = ("wait_s", "run_s", "_set")
+
+    def __init__(self, wait_s: float = LOOP_GIL_WAIT_S, run_s: float | None = None) -> None:
+        self.wait_s = wait_s
+        self.run_s = sys.getswitchinterval() if run_s is None else run_s
+        self._set = sys.setswitchinterval
+
+    def waiting(self) -> None:
+        """Before the loop thread blocks for its next frame."""
+        self._set(self.wait_s)
+
+    def running(self) -> None:
+        """As soon as the loop thread is back with its frame (it holds the GIL)."""
+        self._set(self.run_s)
+
+    def restore(self) -> None:
+        self._set(self.run_s)
 
 
 class ControlLoop:
@@ -133,10 +173,13 @@ class ControlLoop:
                                     "thread: its syscall filter keeps sched_setscheduler from the daemon)", 0, 0))
 
     def _run(self) -> None:
+        gil = GilPriority()
         try:
             self._apply_scheduling()
             while not self._stop.is_set():
+                gil.waiting()
                 frame = self.source.receive(0.05)
+                gil.running()
                 self.counters.heartbeat += 1
                 if frame is not None:
                     self.step(frame)
@@ -145,6 +188,8 @@ class ControlLoop:
         except BaseException as exc:  # reported by the I/O thread, which stops the daemon
             self.crashed = exc
             self.alerts.append((time.time_ns(), "loop_crashed", repr(exc), 0, 0))
+        finally:
+            gil.restore()
 
     def frame_boundary(self) -> None:
         """Called between frames, before the loop waits for the next one: wakes a hot-swap preparation

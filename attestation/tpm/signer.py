@@ -201,6 +201,7 @@ class TpmSigner:
 
     kind = "tpm"
     algorithm = ALG_ECDSA_P256_SHA256
+    sign_path = "TPM2_Sign, GIL released (each signature is a TPM command of several ms)"
 
     def __init__(self, tcti: str, key_handle: int = DEFAULT_KEY_HANDLE) -> None:
         if not tcti:

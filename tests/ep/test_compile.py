@@ -47,6 +47,7 @@ def artifacts(tmp_path_factory):
 def test_artifact_runs_within_stated_error_on_fresh_inputs(artifacts, mode):
     path, manifest = artifacts[mode]
     runner = ModelRunner(path, 6, 1)
+    assert runner.run_path.startswith("ONNX Runtime C API"), runner.run_path  # FP8: the config entry through the C API
     assert runner.sha256.hex() == manifest.artifact_sha256 == json.loads((path / MANIFEST_FILE).read_text())[
         "artifact_sha256"]
     assert runner.manifest.fp8 == (mode == "fp8-adaptive")

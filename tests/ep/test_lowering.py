@@ -64,6 +64,7 @@ def test_manifest_records_the_lowered_layers_and_the_file_is_the_fp8_one(compile
 def test_runner_runs_matmulnbits_and_stays_within_the_stated_error(compiled):
     base, _, int8b = compiled
     runner = ModelRunner(base / "int8b", WIDTHS[0], WIDTHS[-1])
+    assert runner.run_path.startswith("ONNX Runtime C API"), runner.run_path  # the lowered bytes, MatMulNBits
     assert any("int8-blocks compute" in n for n in runner.ep.notes)
     assert any(n.startswith("MatMulNBits") for nodes in runner.ep.placement.values() for n in nodes)
     ref = ort.InferenceSession(str(base / "mlp.onnx"), providers=["CPUExecutionProvider"])

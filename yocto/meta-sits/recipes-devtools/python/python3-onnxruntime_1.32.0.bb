@@ -32,7 +32,8 @@ SRC_URI[aarch64-cp314.sha256sum] = "4135431395c1f37de0811f452c20a8b774f51812fda6
 # by onnxruntime.tools, .quantization, .transformers and .backend; the sits2026 recipe adds what its
 # one use of them (`sitsctl compile --quantization int8`: .quantization) needs.
 RDEPENDS:${PN} = "python3-numpy"
-# The bundled libonnxruntime sits in site-packages and is loaded only by the Python module: keep it
+# The bundled libonnxruntime sits in site-packages and is loaded only from Python (sitsd's ep.capi runs the
+# control model through its C API, keeping the GIL): keep it
 # out of the shared-library provider map so it cannot satisfy (or clash with) a system libonnxruntime.
 # PRIVATE_LIBS is package.bbclass's (documented in the reference manual); oelint's list lacks it.
 # nooelint: oelint.vars.mispell.unknown

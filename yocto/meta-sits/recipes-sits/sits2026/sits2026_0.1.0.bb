@@ -78,7 +78,10 @@ RDEPENDS:${PN}-datapart = "e2fsprogs-e2fsck"
 # -statistics, -stringold and -threading each hold a module sitsd, attestation, ep or plc imports (multiprocessing:
 # the hot swap's pipe and the prover processes; statistics: imported by sitsd.daemon); the same test checks
 # them against the sources.
+# libcrypto: attestation.fastsign signs the loop's commands through it with ctypes, keeping the GIL (cryptography's
+# own copy of OpenSSL is linked into its extension and releases the GIL for every signature).
 RDEPENDS:${PN} = "\
+    libcrypto \
     python3-asyncio \
     python3-asyncua \
     python3-cbor2 \
