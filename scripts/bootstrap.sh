@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Installs what sits2026 needs on Debian 12, skipping whatever is already there:
-# Debian packages (as root), then .venv with the project and the extras named in $EXTRAS.
+# Debian packages (as root; libssl3: attestation.fastsign signs through its libcrypto), then .venv with the project and the extras named in $EXTRAS.
 # A second run only checks and returns within seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 EXTRAS="${EXTRAS:-test}"
-APT_PACKAGES=(swtpm swtpm-tools tpm2-tools libtss2-dev libsystemd-dev pkg-config gcc python3-dev python3-venv iproute2 systemd linuxptp graphviz)
+APT_PACKAGES=(swtpm swtpm-tools tpm2-tools libtss2-dev libsystemd-dev pkg-config gcc python3-dev python3-venv iproute2 systemd linuxptp graphviz libssl3)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
