@@ -59,7 +59,7 @@ import contextlib
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import cbor2
@@ -828,7 +828,14 @@ class SessionVerifier:
     model, modules by stage, config). Pins: `expected_modules` {stage: SHA-256 (hex or 32 bytes)} must be exactly the
     modules the log says run (`module`), `expected_config_sha256` the config (`config`). A version 1 credential (no
     log: an older sitsd, or measurement off) is accepted only without pins and without `require_measurements`
-    (`unmeasured`); its session's `measured` is None."""
+    (`unmeasured`); its session's `measured` is None.
+
+    `also_accepted_models` (SHA-256 digests): models a session may run besides `expected_model_sha256`, for a hot
+    swap the plant has planned (`sitsctl plcsim --also-accept-model-sha256`). A credential must measure one of the
+    accepted models (the log's newest model; for version 1, the newest accepted one measured into PCR 16), and its
+    session's commands may carry any of them: right after a swap the new model's commands come before the
+    credential that measures it (sitsd re-binds once the new model runs), and the accepted session's `measured`
+    then says which runs. Not with an approval or `approved_pcr_value`, which pin one measured state."""
 
     def __init__(self, trusted_ak_public_pem: bytes, expected_model_sha256: bytes, pcr: int = MODEL_PCR, *,
                  freshness: bool = True, max_age_ns: int | None = DEFAULT_MAX_AGE_NS,
@@ -838,7 +845,7 @@ class SessionVerifier:
                  approved_pcr_value: bytes | None = None, approval=None, authority=None,
                  replay_state: SessionReplayState | None = None, measurement_pcr: int = MEASUREMENT_PCR,
                  expected_modules=None, expected_config_sha256: bytes | str | None = None,
-                 require_measurements: bool = False) -> None:
+                 require_measurements: bool = False, also_accepted_models: Iterable[bytes] = ()) -> None:
         ak = serialization.load_pem_public_key(trusted_ak_public_pem)
         if not isinstance(ak, ec.EllipticCurvePublicKey) or ak.curve.name != "secp256r1":
             raise ValueError("trusted AK must be an ECDSA P-256 public key")
@@ -867,6 +874,16 @@ class SessionVerifier:
         if approved_pcr_value is not None and len(approved_pcr_value) != 32:
             raise ValueError("approved_pcr_value must be 32 bytes")
         self.approved_pcr_value = approved_pcr_value
+        # models besides expected_model_sha256 a session may run (a planned hot swap): the session's commands must
+        # then carry the model the credential's log says runs, whichever of these it is
+        also = tuple(bytes(m) for m in also_accepted_models)
+        if any(len(m) != 32 for m in also):
+            raise ValueError("also_accepted_models must be SHA-256 digests (32 bytes each)")
+        if also and approved_pcr_value is not None:
+            raise ValueError("also_accepted_models cannot go with an approval or approved_pcr_value: they pin one "
+                             "measured state")
+        self.also_accepted_models = frozenset(also) - {self.expected_model_sha256}
+        self._accepted_hex = {self.expected_model_sha256.hex()} | {m.hex() for m in self.also_accepted_models}
         if type(measurement_pcr) is not int or not 0 <= measurement_pcr < PCR_COUNT or measurement_pcr == pcr:
             raise ValueError(f"measurement_pcr must be in 0..{PCR_COUNT - 1} and not the session PCR {pcr}")
         self.measurement_pcr = measurement_pcr
@@ -909,15 +926,26 @@ class SessionVerifier:
                                       f"{len(cred.measurements)} measurements: something else was extended",
                                       "pcr-value") from None
             raise CredentialError(f"quote: {exc.reason}", exc.code) from None
-        if cred.measurement_pcr is None and self.expected_model_sha256 not in cred.measurements:
-            # version 1: PCR 16 is the only record of the model (version 2: the PCR 23 log's newest model, below)
-            raise CredentialError(f"model {self.expected_model_sha256.hex()[:16]}… was not measured into "
-                                  f"PCR {cred.pcr} in this session", "model")
+        running = self.expected_model_sha256
+        if cred.measurement_pcr is None:
+            # version 1: PCR 16 is the only record of the model (version 2: the PCR 23 log's newest model, below);
+            # with also-accepted models, the newest accepted one it measured
+            measured_models = [m for m in cred.measurements if m.hex() in self._accepted_hex]
+            if not measured_models:
+                raise CredentialError(f"model {self.expected_model_sha256.hex()[:16]}…{self._also_text()} was not "
+                                      f"measured into PCR {cred.pcr} in this session", "model")
+            running = measured_models[-1]
         measured = self._check_measurements(cred)
+        if measured is not None:
+            running = bytes.fromhex(measured.model[1])
         if self._device_der is not None:
             self._check_certification(cred)
-        session = SessionEnvelopeVerifier(cred.session_public_pem, self.expected_model_sha256,
-                                          **self._envelope_options)
+        # the session's commands may carry any accepted model: right after a swap the commands of the new model come
+        # before the credential that measures it (sitsd re-binds once the new model runs)
+        session = SessionEnvelopeVerifier(cred.session_public_pem, running, **self._envelope_options,
+                                          also_accepted_models=(self.also_accepted_models
+                                                                | {self.expected_model_sha256}) - {running}
+                                          if self.also_accepted_models else ())
         session.measured = measured
         session.measurement_log = cred.measured_entries()
         state = self.replay_state
@@ -962,11 +990,11 @@ class SessionVerifier:
         state = measured_state(entries)
         if state.model is None:
             raise CredentialError(f"measurement PCR {cred.measurement_pcr}: the log names no model, this verifier "
-                                  f"expects {self.expected_model_sha256.hex()[:16]}…", "model")
-        if state.model[1] != self.expected_model_sha256.hex():
+                                  f"expects {self.expected_model_sha256.hex()[:16]}…{self._also_text()}", "model")
+        if state.model[1] not in self._accepted_hex:
             raise CredentialError(f"measurement PCR {cred.measurement_pcr}: model {state.model[0]} "
                                   f"{state.model[1][:16]}… runs, this verifier expects "
-                                  f"{self.expected_model_sha256.hex()[:16]}…", "model")
+                                  f"{self.expected_model_sha256.hex()[:16]}…{self._also_text()}", "model")
         if self.expected_modules is not None:
             for stage in sorted(set(self.expected_modules) | set(state.modules)):
                 want, got = self.expected_modules.get(stage), state.modules.get(stage)
@@ -987,6 +1015,11 @@ class SessionVerifier:
                 raise CredentialError(f"measurement config {state.config[0]} {state.config[1][:16]}… is not the "
                                       f"pinned {self.expected_config_sha256[:16]}…", "config")
         return state
+
+    def _also_text(self) -> str:
+        n = len(self.also_accepted_models)
+        return f" (or one of {n} also accepted)" if n > 1 else (
+            f" (or {next(iter(self.also_accepted_models)).hex()[:16]}…, also accepted)" if n else "")
 
     def _check_certification(self, cred: SessionCredential) -> None:
         from .tpm.policy import verify_device_signature

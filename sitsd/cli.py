@@ -487,7 +487,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--accept-model", action="append", default=[], type=Path, metavar="PATH",
                       help="the simulated PLC also accepts commands from this model (ONNX file or `sitsctl compile` "
                       "artifact), besides the demo model it pins: try `sitsctl update --model PATH` on the running "
-                      "demo (docs/hotswap.md). Repeatable; needs --software or --signing tpm-direct")
+                      "demo (docs/hotswap.md). Repeatable; any signing mode (tpm-session: sitsd writes a new "
+                      "session credential after the swap), not with --certify-session")
     demo.add_argument("--seed", type=int, default=1, help="disturbance sequence seed (default 1)")
     demo.add_argument("--rate", type=float, default=100.0, help="sensor frames per second (default 100)")
     demo.add_argument("--transport", choices=("udp", "opcua", "eth"), default="udp",

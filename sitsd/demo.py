@@ -144,13 +144,10 @@ def _demo_approval(config_path: Path, base, workdir: Path, say) -> dict:
             "attestation.authority_key": str(public)}
 
 
-def _accepted_models(paths, session: bool, say) -> list[str]:
+def _accepted_models(paths, say) -> list[str]:
     """The SHA-256 (hex) of each model the demo's PLC is to accept besides the demo model (--accept-model)."""
     if not paths:
         return []
-    if session:
-        raise StartupError("--accept-model: the simulated PLC checks a tpm-session credential that measures one model; "
-                           "run the demo with --software or --signing tpm-direct to let it accept more")
     from ep.artifact import resolve_model
     from ep.errors import ModelLoadError
 
@@ -194,8 +191,9 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
     daemon's READY until the summary has been read after the daemon stopped, so a last scrape sees exactly the
     rows the summary's latency_us comes from. Its URL is printed and returned as metrics_url.
     accept_models: model files or artifact directories whose commands the simulated PLC accepts besides the demo
-    model's (it pins the model hash in every command): the models `sitsctl update --model` may then swap in. Only
-    with software or tpm-direct signing (a tpm-session credential measures one model).
+    model's (it pins the model hash in every command): the models `sitsctl update --model` may then swap in. With
+    tpm-session signing the PLC accepts a session credential measuring any of them (sitsd writes a new one after
+    the swap). Not with certify_session, whose approval pins one measured state.
     on_metrics: called as on_metrics("serving", url) once the endpoint serves the running daemon, and as
     on_metrics("stopped", url) after the daemon stopped and the summary's numbers were taken, the endpoint still up.
 
@@ -240,8 +238,11 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
                            "attestation.signing": signing}
         else:
             signer = SoftwareSigner()
-            say("WARNING: swtpm is not installed: commands are signed with a software Ed25519 key, "
-                "not a TPM-anchored one (apt-get install swtpm swtpm-tools)")
+            if force_software:
+                say("signer: a software Ed25519 key (--software), not a TPM-anchored one")
+            else:
+                say("WARNING: swtpm is not installed: commands are signed with a software Ed25519 key, "
+                    "not a TPM-anchored one (apt-get install swtpm swtpm-tools)")
             attestation = {"attestation.mode": "software"}
         base = load_config(config_path, overrides)  # the model the demo runs may be overridden
         if compiled and base.model.kind == "mlp" and Path(base.model.artifact).is_file():
@@ -260,7 +261,7 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
                 say("proofs: off (skipped: there is no circuit for the streaming transformer's attention)")
                 proof_every = 0
         session = hasattr(signer, "bind")
-        also_accepted = _accepted_models(accept_models, session, say)
+        also_accepted = _accepted_models(accept_models, say)
         # certify_session (tpm-session on an MLP): a throwaway authority approves this model and these modules, the
         # TPM certifies the session key only in that measured state, and the simulated PLC accepts only a certified
         # session key. Off by default: under it hot swaps are refused, and the demo is where one tries them
@@ -268,6 +269,9 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
             and base.model.kind == "mlp" else {}
         if certify_session and not certify:
             say("certify-session: skipped (needs swtpm, --signing tpm-session and an MLP model)")
+        if certify and also_accepted:
+            raise StartupError("--accept-model cannot go with --certify-session: the approval pins one measured state "
+                               "(the demo's model and modules), so the PLC would refuse the swapped model's session")
         sim_extra = ("--trust-policy-key", str(workdir / "audit" / POLICY_KEY_FILE),
                      "--approval", certify["attestation.approval"],
                      "--authority-pub", certify["attestation.authority_key"]) if certify else ()

@@ -28,7 +28,7 @@ from plc.simulator.server import CommandRejected, RollingMillSimulator, Simulato
 
 
 def also_accepted_models(args, session_mode: bool) -> tuple[bytes, ...]:
-    """--also-accept-model-sha256, checked: SHA-256 digests, with --model-sha256, not in tpm-session mode."""
+    """--also-accept-model-sha256, checked: SHA-256 digests, with --model-sha256, not with --approval."""
     given = args.also_accept_model_sha256
     if not given:
         return ()
@@ -41,9 +41,9 @@ def also_accepted_models(args, session_mode: bool) -> tuple[bytes, ...]:
     if not args.model_sha256:
         raise SystemExit("sitsctl plcsim: --also-accept-model-sha256 goes with --model-sha256 (without it every "
                          "model is accepted)")
-    if session_mode:
-        raise SystemExit("sitsctl plcsim: --also-accept-model-sha256 goes with --trust-key (software and tpm-direct "
-                         "signing); a tpm-session credential measures one model, --model-sha256")
+    if getattr(args, "approval", None) is not None:
+        raise SystemExit("sitsctl plcsim: --also-accept-model-sha256 cannot go with --approval: the approval pins one "
+                         "measured state (its model and modules)")
     return also
 
 
@@ -79,7 +79,8 @@ class SessionAcceptor:
     (sitsd writes it: trusted as found)."""
 
     def __init__(self, device_key_path: Path | None, model_sha256: bytes | None, freshness: dict | None = None,
-                 policy_key_path: Path | None = None, approval=None, authority=None, *, enrollment=None) -> None:
+                 policy_key_path: Path | None = None, approval=None, authority=None, *, enrollment=None,
+                 also_accepted_models: tuple[bytes, ...] = ()) -> None:
         if device_key_path is None and enrollment is None:
             raise ValueError("SessionAcceptor needs the device's AK: device_key_path or enrollment")
         self.enrollment = enrollment
@@ -88,6 +89,7 @@ class SessionAcceptor:
         self.freshness = freshness or {}
         self.policy_key_path = policy_key_path  # require a session key certified by this policy-bound device key
         self.pin = {"approval": approval, "authority": authority} if approval is not None else {}
+        self.also_accepted_models = tuple(also_accepted_models)  # a planned swap's models (SessionVerifier)
         from attestation.session import SessionReplayState
 
         self.replay_state = SessionReplayState()  # kept when the verifier is rebuilt (a re-provisioned device key)
@@ -104,6 +106,8 @@ class SessionAcceptor:
             except OSError as exc:
                 raise CommandRejected(f"no device key at {self.device_key_path}: {exc}", "key") from exc
         options = dict(self.freshness)
+        if self.also_accepted_models:
+            options["also_accepted_models"] = self.also_accepted_models
         if self.policy_key_path is not None:
             try:
                 options["trusted_device_key_pem"] = self.policy_key_path.read_bytes()
@@ -218,9 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--authority-pub", type=Path, default=None, help="the authority public key --approval is checked with")
     ap.add_argument("--model-sha256", default=None, help="accept only commands from this model (hex)")
     ap.add_argument("--also-accept-model-sha256", action="append", default=[], metavar="HEX",
-                    help="with --trust-key (software and tpm-direct signing): accept commands from this model too, "
-                    "besides --model-sha256 (a PLC told about a model update before the edge swaps to it); repeat "
-                    "for more. Not for tpm-session, whose credential measures the one model --model-sha256 names")
+                    help="accept commands from this model too, besides --model-sha256 (a PLC told about a model "
+                    "update before the edge swaps to it); repeat for more. With tpm-session (--trust-device-key, "
+                    "--enrollment) a session credential may measure any of them, and its commands must carry the "
+                    "one it measured (sitsd writes a new credential after each swap). Not with --approval")
     ap.add_argument("--expect-module", action="append", default=[], metavar="STAGE=SHA256",
                     help="tpm-session: accept a session credential only if its measurement log (PCR 23, quoted with "
                     "the session key) says this module runs at STAGE (pre or post); repeat for each stage. The "
@@ -346,7 +351,8 @@ async def run(args) -> int:
         sim = RollingMillSimulator(settings, None,
                                    session_acceptor=SessionAcceptor(args.trust_device_key, model, freshness,
                                                                     args.trust_policy_key, approval, authority,
-                                                                    enrollment=enrollment))
+                                                                    enrollment=enrollment,
+                                                                    also_accepted_models=also))
     else:
         sim = RollingMillSimulator(settings, LazyVerifier(args.trust_key, model, freshness, also))
     await sim.start()

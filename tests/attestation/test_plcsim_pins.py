@@ -65,8 +65,11 @@ def test_also_accepted_models_are_checked():
                                       "--also-accept-model-sha256", m2])
     assert also_accepted_models(args, session_mode=False) == (bytes.fromhex(m2),)
     assert also_accepted_models(build_parser().parse_args(["--trust-key", "k.pem"]), session_mode=False) == ()
-    with pytest.raises(SystemExit, match="measures one model"):
-        also_accepted_models(args, session_mode=True)
+    assert also_accepted_models(args, session_mode=True) == (bytes.fromhex(m2),)  # tpm-session: any of them measured
+    approved = build_parser().parse_args(["--trust-device-key", "d.pem", "--model-sha256", "cd" * 32,
+                                          "--also-accept-model-sha256", m2, "--approval", "a.json"])
+    with pytest.raises(SystemExit, match="cannot go with --approval"):
+        also_accepted_models(approved, session_mode=True)
     for argv, message in ((["--model-sha256", "cd" * 32, "--also-accept-model-sha256", "xyz"], "64 digits"),
                           (["--model-sha256", "cd" * 32, "--also-accept-model-sha256", "ab" * 31], "64 digits"),
                           (["--also-accept-model-sha256", m2], "goes with --model-sha256")):

@@ -214,6 +214,31 @@ def test_other_model_measured(swtpm):
     assert rejected(SessionVerifier(cred.ak_public_pem, MODEL), lying.to_cbor(), nonce).code == "pcr-value"
 
 
+def test_also_accepted_models_widen_the_model_check_and_nothing_else(swtpm):
+    third = hashlib.sha256(b"a third model").digest()
+    signer, nonce, cred = session(swtpm, model=OTHER_MODEL)
+    try:
+        data = cred.to_cbor()
+        assert rejected(SessionVerifier(cred.ak_public_pem, MODEL), data, nonce).code == "model"
+        error = rejected(SessionVerifier(cred.ak_public_pem, MODEL, also_accepted_models=[third]), data, nonce)
+        assert error.code == "model" and "also accepted" in error.reason
+        verifier = SessionVerifier(cred.ak_public_pem, MODEL, also_accepted_models=[OTHER_MODEL]).accept(data, nonce)
+        assert verifier.expected_model_sha256 == OTHER_MODEL  # the model the credential measured is the session's
+        assert verifier.verify(signer.sign_command(command(1, OTHER_MODEL))).command.sequence == 1
+        # the other accepted model too: a swap's commands come before the credential that measures it
+        assert verifier.verify(signer.sign_command(command(2, MODEL))).command.sequence == 2
+        with pytest.raises(EnvelopeError) as info:
+            verifier.verify(signer.sign_command(command(3, third)))
+        assert info.value.code == "model"
+        with pytest.raises(ValueError, match="32 bytes"):
+            SessionVerifier(cred.ak_public_pem, MODEL, also_accepted_models=[OTHER_MODEL[:31]])
+        with pytest.raises(ValueError, match="pin one measured state"):
+            SessionVerifier(cred.ak_public_pem, MODEL, also_accepted_models=[OTHER_MODEL],
+                            trusted_device_key_pem=signer.device_public_key_pem(), approved_pcr_value=b"\1" * 32)
+    finally:
+        signer.close()
+
+
 def test_pcr_extended_by_something_else_after_the_measurement(swtpm):
     from tpm2_pytss import ESAPI
 

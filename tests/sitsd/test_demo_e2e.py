@@ -171,7 +171,8 @@ class _Lines:
         pass
 
 
-def test_sitsctl_update_swaps_both_modules_and_an_accepted_model_on_the_running_demo(tmp_path):
+@pytest.mark.parametrize("signing", ["software", "tpm-session"])
+def test_sitsctl_update_swaps_both_modules_and_an_accepted_model_on_the_running_demo(tmp_path, signing):
     # the issue's acceptance on the demo itself: its simulated PLC pins the demo model, --accept-model tells it
     # about a second one, and `sitsctl update` swaps the pre module, the post module and the model while the
     # demo runs, with no frame lost (the daemon's own counters) and no command refused by the PLC
@@ -194,9 +195,10 @@ def test_sitsctl_update_swaps_both_modules_and_an_accepted_model_on_the_running_
     # the loop thread SCHED_FIFO as root, as runtime.realtime_priority runs it in production (and as the sitsd
     # end-to-end test in test_hotswap.py does): what is counted around the swaps is then the swaps' doing
     rt = {"runtime.realtime_priority": 40} if os.geteuid() == 0 else {}
+    # tpm-session (swtpm): after the model swap sitsd re-binds, and the PLC accepts the credential measuring it
     t = threading.Thread(target=lambda: result.update(r=run_demo(
-        seconds=30, progress=progress, force_software=True, security="none", accept_models=(model_b,),
-        overrides=rt or None)))
+        seconds=30, progress=progress, force_software=signing == "software", security="none",
+        accept_models=(model_b,), overrides=rt or None)))
     t.start()
     try:
         assert progress.ready.wait(120), progress.lines
@@ -223,22 +225,22 @@ def test_sitsctl_update_swaps_both_modules_and_an_accepted_model_on_the_running_
     assert r["model_sha256"] == hashlib.sha256(model_b.read_bytes()).hexdigest()
     assert r["rejected_by_plc"] == 0 and r["dropped"] == 0
     assert r["alerts"].get("rollback", 0) == 0 and r["alerts"].get("model_swap") == 1
+    said = {"software": "software Ed25519 key (--software)", "tpm-session": "session key bound by a TPM2_Quote"}
+    assert any(said[signing] in line for line in progress.lines), progress.lines
 
 
-def test_accept_model_is_refused_with_the_fix_where_the_plc_checks_a_session_credential(tmp_path):
+def test_accept_model_reads_each_model_and_refuses_what_is_not_one(tmp_path):
     from sitsd.demo import _accepted_models
     from sitsd.errors import StartupError
 
     from ..conftest import DEMO_MODEL
 
     said = []
-    assert _accepted_models((DEMO_MODEL,), session=False, say=said.append) == [
+    assert _accepted_models((DEMO_MODEL,), say=said.append) == [
         __import__("hashlib").sha256(DEMO_MODEL.read_bytes()).hexdigest()]
     assert "sitsctl update --model" in said[0]
-    with pytest.raises(StartupError, match="--software or --signing tpm-direct"):
-        _accepted_models((DEMO_MODEL,), session=True, say=said.append)
     (tmp_path / "junk.onnx").write_bytes(b"not a model")
     with pytest.raises(StartupError, match="cannot read it as a model"):
-        _accepted_models((tmp_path / "junk.onnx",), session=False, say=said.append)
+        _accepted_models((tmp_path / "junk.onnx",), say=said.append)
     with pytest.raises(StartupError, match="cannot read it as a model"):
-        _accepted_models((tmp_path / "missing.onnx",), session=False, say=said.append)
+        _accepted_models((tmp_path / "missing.onnx",), say=said.append)
