@@ -26,6 +26,8 @@ The loop thread sleeps through sitsd._native.sleep_until, which reads the clock 
 thread, before it takes the GIL back: kernel_wakeup_late_us and gil_wait_us split a late start into the
 kernel's part (the hypervisor's, on a VM) and the wait for the GIL. Before the run, a thread at the same
 priority that only sleeps to the same ticks measures the box's own floor (platform_baseline_wakeup_late_us).
+slow_steps = frames whose own processing took over 2 ms, split by what the loop thread's counters
+(getrusage RUSAGE_THREAD, its CPU clock) say happened meanwhile: switched out, on the CPU throughout, faulted.
 late_frames = frames whose command was done more than one period after their scheduled tick (still
 sent, and inside the 8 ms deadline unless also lost, but not within the loop's own period); counted
 apart from frames_lost, which is about commands the PLC never gets.
@@ -45,6 +47,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import sys
 import tempfile
@@ -77,6 +80,7 @@ CONFIG = REPO / "examples" / "rolling-mill.yaml"
 MODULES = REPO / "wasm_modules"
 NOMINAL = np.array([4.0, 3.0, 1.4, 8000.0, 120.0, 2.667, 2.0])
 NEAR_NS = 5_000_000
+SLOW_STEP_NS = 2_000_000
 
 
 def versions(workdir: Path, stem: str) -> list[Path]:
@@ -196,6 +200,9 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
         stop = threading.Event()
         wall_offset = time.time_ns() - time.perf_counter_ns()
 
+        slow: list[tuple[int, int, int, int]] = []  # steps over SLOW_STEP_NS: (wall, cpu, context switches, faults)
+        getrusage, RUSAGE_THREAD, thread_time_ns = resource.getrusage, resource.RUSAGE_THREAD, time.thread_time_ns
+
         def loop_thread():
             if realtime_priority:  # as runtime.realtime_priority does for the daemon's loop thread
                 os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(realtime_priority))
@@ -215,9 +222,14 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
                 seq += 1
                 sender = sched + wall_offset
                 f = Frame(7, 1, seq & 0xFFFF or 1, sender, sender + 50_000, RxStampSource.SOFTWARE, NOMINAL)
+                r0, c0 = getrusage(RUSAGE_THREAD), thread_time_ns()
                 t0 = time.perf_counter_ns()
                 loop.step(f)
                 t1 = time.perf_counter_ns()
+                if t1 - t0 > SLOW_STEP_NS:  # what the thread did meanwhile (its own counters: no other thread's)
+                    r1 = getrusage(RUSAGE_THREAD)
+                    slow.append((t1 - t0, thread_time_ns() - c0, r1.ru_nvcsw - r0.ru_nvcsw + r1.ru_nivcsw - r0.ru_nivcsw,
+                                 r1.ru_minflt - r0.ru_minflt + r1.ru_majflt - r0.ru_majflt))
                 due.append(sched)
                 woke.append(w)
                 starts.append(t0)
@@ -317,6 +329,7 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
             "kernel_wakeup_late_us": _split(kernel_late, slept, any_near),
             "platform_baseline_wakeup_late_us": baseline,
             "gil_wait_us": _split(gil_wait, slept, any_near),
+            "slow_steps": _slow_steps(slow),
             "definitions": {"latency": "scheduled tick to signed command",
                             "frames_lost": "no model command: a fail-safe (the command would have left after the "
                                            f"{deadline_ms:g} ms deadline, or any other reason), or dropped by the "
@@ -328,6 +341,11 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
                             "kernel_wakeup_late_us": "the loop thread's sleep ended this long after the tick "
                                                      "(kernel/hypervisor), before it waited for the GIL",
                             "gil_wait_us": "from that wake-up to the loop holding the GIL",
+                            "slow_steps": "frames whose own processing (gates to signed command) took over 2 ms: "
+                                          "switched = the loop thread was switched out during it (it blocked, e.g. "
+                                          "for the GIL, or was preempted inside the guest); on_cpu = no switch, no "
+                                          "page fault, and its CPU clock ran >= 80% of the time (a stall the "
+                                          "guest cannot see: the hypervisor's); faulted = page faults during it",
                             "platform_baseline_wakeup_late_us": "before the run, a thread at the loop's priority "
                                                                 "that only sleeps to the same ticks: how late the "
                                                                 "kernel wakes it (the box's floor)",
@@ -345,6 +363,17 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
     finally:
         host.close()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _slow_steps(slow: list[tuple[int, int, int, int]]) -> dict:
+    switched = sum(1 for _, _, sw, _ in slow if sw)
+    faulted = sum(1 for _, _, sw, f in slow if not sw and f)
+    on_cpu = sum(1 for wall, cpu, sw, f in slow if not sw and not f and cpu >= 0.8 * wall)
+    return {"over_2ms": len(slow), "switched": switched, "on_cpu": on_cpu, "faulted": faulted,
+            "other": len(slow) - switched - faulted - on_cpu,
+            "max_ms": round(max((w for w, *_ in slow), default=0) / 1e6, 2),
+            "longest": [{"wall_ms": round(w / 1e6, 2), "cpu_ms": round(c / 1e6, 2), "switches": sw, "faults": f}
+                        for w, c, sw, f in sorted(slow, reverse=True)[:10]]}
 
 
 def _split(a: np.ndarray, valid: np.ndarray, near: np.ndarray) -> dict | None:
@@ -429,6 +458,10 @@ def main() -> int:
     if b:
         print(f"  {'platform baseline (µs)':<28}a thread that only sleeps to the same ticks, before the run: woken late "
               f"p50 {b['p50']:.0f} p99 {b['p99']:.0f} max {b['max']:.0f} ({b['over_4ms']} of {b['ticks']} > 4 ms)")
+    st = s["slow_steps"]
+    print(f"  {'frames processed > 2 ms':<28}{st['over_2ms']} (longest {st['max_ms']:.1f} ms): {st['switched']} with the loop "
+          f"thread switched out (blocked or preempted), {st['on_cpu']} on its CPU throughout (a stall the guest cannot "
+          f"see), {st['faulted']} with page faults, {st['other']} other")
     if mo["swaps"]:
         print(f"  module swap preparation (verify .cwasm, instantiate, golden vectors): p50 "
               f"{mo['prepare_ms']['p50']:.2f} ms, max {mo['prepare_ms']['max']:.2f} ms wall time, of which work p50 "
