@@ -8,8 +8,9 @@ next to a spinning Python thread, against 36 Âµs alone; docs/hotswap.md). A 35 Â
 hand-off, so the loop keeps the GIL: the same OpenSSL operations are called through `ctypes.PyDLL`, which
 does not release it.
 
-The key is copied into libcrypto once (raw Ed25519 bytes, or the P-256 key as unencrypted PKCS#8 DER, the
-Python copy of which is overwritten right after), and every new key is checked at load: a signature over a
+The key is copied into libcrypto once (raw Ed25519 bytes, or the P-256 key as unencrypted PKCS#8 DER; the
+bytearray copy of the DER is zeroed after, the immutable bytes objects `cryptography` hands out are left to
+the garbage collector, like the key `cryptography` itself holds), and every new key is checked at load: a signature over a
 fixed message must verify under the `cryptography` public key (Ed25519 is deterministic, so the bytes must be
 equal too). Where libcrypto is missing or the check fails, `load` returns None with the reason and the caller
 keeps signing through `cryptography` (correct, only slower next to other threads).

@@ -832,10 +832,12 @@ class SessionVerifier:
 
     `also_accepted_models` (SHA-256 digests): models a session may run besides `expected_model_sha256`, for a hot
     swap the plant has planned (`sitsctl plcsim --also-accept-model-sha256`). A credential must measure one of the
-    accepted models (the log's newest model; for version 1, the newest accepted one measured into PCR 16), and its
-    session's commands may carry any of them: right after a swap the new model's commands come before the
-    credential that measures it (sitsd re-binds once the new model runs), and the accepted session's `measured`
-    then says which runs. Not with an approval or `approved_pcr_value`, which pin one measured state."""
+    accepted models (the log's newest model; for version 1, the newest model measured into PCR 16), and its
+    session's commands may carry any of them, for as long as the session lasts: right after a swap the new
+    model's commands come before the credential that measures it (sitsd re-binds once the new model runs), and
+    the accepted session's `measured` then says which runs. A plant that lists a model here accepts commands
+    from it; the credential tells which one ran when it was made. Not with an approval or
+    `approved_pcr_value`, which pin one measured state."""
 
     def __init__(self, trusted_ak_public_pem: bytes, expected_model_sha256: bytes, pcr: int = MODEL_PCR, *,
                  freshness: bool = True, max_age_ns: int | None = DEFAULT_MAX_AGE_NS,
@@ -927,14 +929,20 @@ class SessionVerifier:
                                       "pcr-value") from None
             raise CredentialError(f"quote: {exc.reason}", exc.code) from None
         running = self.expected_model_sha256
-        if cred.measurement_pcr is None:
-            # version 1: PCR 16 is the only record of the model (version 2: the PCR 23 log's newest model, below);
-            # with also-accepted models, the newest accepted one it measured
-            measured_models = [m for m in cred.measurements if m.hex() in self._accepted_hex]
-            if not measured_models:
-                raise CredentialError(f"model {self.expected_model_sha256.hex()[:16]}…{self._also_text()} was not "
-                                      f"measured into PCR {cred.pcr} in this session", "model")
-            running = measured_models[-1]
+        if cred.measurement_pcr is None and not self.also_accepted_models:
+            # version 1: PCR 16 is the only record of the model (version 2: the PCR 23 log's newest model, below)
+            if self.expected_model_sha256 not in cred.measurements:
+                raise CredentialError(f"model {self.expected_model_sha256.hex()[:16]}… was not measured into "
+                                      f"PCR {cred.pcr} in this session", "model")
+        elif cred.measurement_pcr is None:
+            # version 1 with more than one accepted model: the newest model measured is the one that runs, and
+            # it must be an accepted one (an older accepted measurement proves nothing about what runs now)
+            newest = cred.measurements[-1] if cred.measurements else None
+            if newest is None or newest.hex() not in self._accepted_hex:
+                what = f"model {newest.hex()[:16]}… was measured last" if newest else "no model was measured"
+                raise CredentialError(f"{what} into PCR {cred.pcr}; this verifier accepts "
+                                      f"{self.expected_model_sha256.hex()[:16]}…{self._also_text()}", "model")
+            running = newest
         measured = self._check_measurements(cred)
         if measured is not None:
             running = bytes.fromhex(measured.model[1])

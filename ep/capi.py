@@ -31,7 +31,7 @@ import numpy as np
 API_VERSION = 17  # ORT 1.17: every entry used here is older; GetApi returns NULL on a library without it
 ENV_DISABLE = "SITS_MODEL_RELEASES_GIL"  # "1": run the model through pybind (comparisons, diagnosis)
 
-# OrtApi indices (onnxruntime_c_api.h; "End of Version 1" is index 101, AddSessionConfigEntry came in version 2)
+# OrtApi indices (onnxruntime_c_api.h; "End of Version 1" is index 101; AddSessionConfigEntry came later, at 130)
 _GET_ERROR_MESSAGE = 2
 _CREATE_ENV = 3
 _CREATE_SESSION_FROM_ARRAY = 8
@@ -147,7 +147,11 @@ def library_path() -> str | None:
     want = capi / f"libonnxruntime.so.{onnxruntime.__version__}"
     if want.exists():
         return str(want)
-    found = sorted(glob.glob(str(capi / "libonnxruntime.so*")))
+    def version_key(path: str) -> tuple:
+        tail = path.rsplit(".so", 1)[-1].lstrip(".")
+        return tuple(int(p) if p.isdigit() else -1 for p in tail.split(".")) if tail else ()
+
+    found = sorted(glob.glob(str(capi / "libonnxruntime.so*")), key=version_key)
     return found[-1] if found else None
 
 
@@ -181,6 +185,7 @@ class CpuSession:
         if a is None:
             raise CApiError(_api_error)
         self._api = a
+        self._lock = threading.Lock()  # close() never frees the session under a run, nor before a bound run's check
         self._values: list[tuple] = []  # (OrtValue, the numpy array whose memory it wraps)
         self._handle = _P()
         opts = _P()
@@ -217,25 +222,32 @@ class CpuSession:
 
     def bind(self, input_name: str, inp: np.ndarray, output_name: str, out: np.ndarray):
         """A callable running the session on `inp`, writing `out` in place; raises CApiError with ORT's message."""
-        a, handle = self._api, self._handle
+        a = self._api
+        if self._handle is None:
+            raise CApiError("the session is closed")
         in_names = (ctypes.c_char_p * 1)(input_name.encode())
         out_names = (ctypes.c_char_p * 1)(output_name.encode())
         in_vals = (_P * 1)(self._tensor(inp))
         out_vals = (_P * 1)(self._tensor(out))
-        run, check = a.run, a.check
+        run, check, lock, session = a.run, a.check, self._lock, self  # the closure keeps the session alive
 
         def run_bound() -> None:  # ORT writes into the caller's output value (non-NULL in out_vals)
-            status = run(handle, None, in_names, in_vals, 1, out_names, 1, out_vals)
+            with lock:
+                handle = session._handle
+                if handle is None:
+                    raise CApiError("Run: the session is closed")
+                status = run(handle, None, in_names, in_vals, 1, out_names, 1, out_vals)
             if status:
                 check(status, "Run")
 
         return run_bound
 
     def close(self) -> None:
-        a, handle, self._handle = self._api, self._handle, None
-        for value, _ in self._values:
+        with self._lock:
+            a, handle, self._handle = self._api, self._handle, None
+            values, self._values = self._values, []
+        for value, _ in values:
             a.release_value(value)
-        self._values = []
         if handle:
             a.release_session(handle)
 

@@ -245,6 +245,8 @@ class ModelRunner:
             if why:
                 self._run = self._binding.run
                 self.run_path = f"pybind run_with_iobinding, GIL released (the C API session failed its check: {why})"
+                self.ep.capi.close()  # not used: its memory back
+                self.ep.capi = None
         self.run()
         if not np.allclose(expected, self.output, rtol=1e-5, atol=1e-6):
             raise ModelLoadError(f"model {self.path}: pre-bound output differs from a plain run "

@@ -149,6 +149,8 @@ class EthFrameSource(UadpSocketSource):
         while True:
             try:
                 nbytes, ancdata, _flags, addr = self._sock.recvmsg_into([self._buffer], 512)
+                if self.after_wait is not None:
+                    self.after_wait()
             except (TimeoutError, BlockingIOError):
                 self._no_frame()
                 return None

@@ -94,6 +94,9 @@ class UadpSocketSource:
         # RawData carries no types: the fallback reads it as the layout's configured field types
         self._raw_types = tuple(getattr(layout, "field_types", (ua.VariantType.Double,) * layout.field_count))
         self.where = where  # "<url> on <interface>", for messages
+        # called right after the blocking receive returns, before the message is parsed: the control loop sets
+        # its GIL switch interval back there (sitsd.pipeline.GilPriority), as early as Python code can
+        self.after_wait = None
         self.link_errors = 0  # transient socket errors (link down, no buffer space): counted, not raised
         self.last_link_error: OSError | None = None
         self.link_recoveries = 0  # re-binds / re-joins after the interface came back with a new index

@@ -152,6 +152,8 @@ class UdpFrameSource(UadpSocketSource):
         while True:
             try:
                 nbytes, ancdata, _flags, _addr = self._sock.recvmsg_into([self._buffer], 256)
+                if self.after_wait is not None:
+                    self.after_wait()
             except (TimeoutError, BlockingIOError):
                 self._no_frame()
                 return None

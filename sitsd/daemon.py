@@ -244,6 +244,12 @@ class Daemon:
             self.log.warning("signature releases the GIL", detail=f"commands are signed through {sign_path}: the loop "
                              "thread hands the GIL to other threads in the middle of each frame and waits to get it "
                              "back", fix="install OpenSSL's libcrypto (libssl3) on the box")
+        run_path = getattr(self.model, "run_path", "")
+        if run_path.startswith("pybind"):  # ep.capi: the C API session keeps the GIL through the model's run
+            self.log.warning("model run releases the GIL", detail=f"the model runs through {run_path}: the loop thread "
+                             "hands the GIL to other threads in the middle of each frame and waits to get it back",
+                             fix="install the onnxruntime wheel as published (it ships libonnxruntime.so next to "
+                             "its Python module); with a non-CPU provider this is expected")
         self.loop = ControlLoop(
             source=self.source,
             timestamp_gate=TimestampGate(

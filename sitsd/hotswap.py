@@ -627,7 +627,8 @@ class HotSwap:
                 "dropped_constraint": c.dropped_constraint, "module_traps": c.module_traps,
                 "frames_in_sets": frames_in_sets,
                 "epoch_ticker": self.host.ticker if self.host is not None else None,
-                "sign_path": getattr(self.loop.signer, "sign_path", None)}
+                "sign_path": getattr(self.loop.signer, "sign_path", None),
+                "model_run_path": getattr(self.loop.stage_set.model, "run_path", None)}
         return {"loop": loop, "current": self.loop.stage_set.describe(), "generation": self.loop.stage_set.generation,
                 "sets": r["sets"] + [{"generation": s.generation, "label": s.label, "frames": s.frames,
                                       "traps": s.traps} for s in self.sets], "modules": modules, "models": models,

@@ -68,6 +68,7 @@ class FrameSource(Protocol):
 
 
 LOOP_GIL_WAIT_S = 0.0002  # the switch interval while the loop thread waits for a frame (see GilPriority)
+LOOP_GIL_RUN_S = 0.005  # while it runs one: CPython's default switch interval
 
 
 class GilPriority:
@@ -85,13 +86,15 @@ class GilPriority:
     symmetric: the preparing thread also took the GIL from the loop 0.2 ms into every frame. With the
     signature (attestation.fastsign) and the model run (ep.capi) keeping the GIL, a frame is one stretch of
     bytecode and C calls that only a forced switch can interrupt, and that is what `run_s` keeps away.
-    Only the loop thread changes the interval (nothing else in sitsd does)."""
+    Only the loop thread changes the interval (nothing else in sitsd does). While the loop waits (most of
+    the time) the whole process runs at 0.2 ms: the other threads (asyncio, housekeeping, a preparation)
+    then hand the GIL to each other more often among themselves, at a few µs each."""
 
     __slots__ = ("wait_s", "run_s", "_set")
 
-    def __init__(self, wait_s: float = LOOP_GIL_WAIT_S, run_s: float | None = None) -> None:
+    def __init__(self, wait_s: float = LOOP_GIL_WAIT_S, run_s: float = LOOP_GIL_RUN_S) -> None:
         self.wait_s = wait_s
-        self.run_s = sys.getswitchinterval() if run_s is None else run_s
+        self.run_s = run_s  # a constant, not the current value: another GilPriority may have set wait_s just now
         self._set = sys.setswitchinterval
 
     def waiting(self) -> None:
@@ -103,7 +106,9 @@ class GilPriority:
         self._set(self.run_s)
 
     def restore(self) -> None:
-        self._set(self.run_s)
+        """When the loop thread ends: the default again, unless something else has set its own meanwhile."""
+        if abs(sys.getswitchinterval() - self.wait_s) < 1e-7:
+            self._set(self.run_s)
 
 
 class ControlLoop:
@@ -174,6 +179,8 @@ class ControlLoop:
 
     def _run(self) -> None:
         gil = GilPriority()
+        if hasattr(self.source, "after_wait"):  # a socket source: back to the run interval before it parses
+            self.source.after_wait = gil.running
         try:
             self._apply_scheduling()
             while not self._stop.is_set():

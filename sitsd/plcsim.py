@@ -224,8 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--also-accept-model-sha256", action="append", default=[], metavar="HEX",
                     help="accept commands from this model too, besides --model-sha256 (a PLC told about a model "
                     "update before the edge swaps to it); repeat for more. With tpm-session (--trust-device-key, "
-                    "--enrollment) a session credential may measure any of them, and its commands must carry the "
-                    "one it measured (sitsd writes a new credential after each swap). Not with --approval")
+                    "--enrollment) a session credential may measure any of them, and its commands may carry any of "
+                    "them (right after a swap they come before the new credential sitsd writes). Not with "
+                    "--approval, nor useful with --trust-policy-key (the TPM certifies one measured state)")
     ap.add_argument("--expect-module", action="append", default=[], metavar="STAGE=SHA256",
                     help="tpm-session: accept a session credential only if its measurement log (PCR 23, quoted with "
                     "the session key) says this module runs at STAGE (pre or post); repeat for each stage. The "

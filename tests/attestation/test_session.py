@@ -239,6 +239,22 @@ def test_also_accepted_models_widen_the_model_check_and_nothing_else(swtpm):
         signer.close()
 
 
+def test_with_also_accepted_models_a_version_1_credential_runs_its_newest_model(swtpm):
+    third = hashlib.sha256(b"a third model").digest()
+    signer = TpmSessionSigner(swtpm.tcti)
+    try:
+        signer.measure_model(OTHER_MODEL)
+        signer.measure_model(third)  # then swapped to a model nobody accepted
+        nonce = os.urandom(32)
+        cred = signer.bind(nonce)
+        assert cred.measurement_pcr is None and cred.measurements == (OTHER_MODEL, third)
+        error = rejected(SessionVerifier(cred.ak_public_pem, MODEL, also_accepted_models=[OTHER_MODEL]),
+                         cred.to_cbor(), nonce)
+        assert error.code == "model" and "measured last" in error.reason and third.hex()[:16] in error.reason
+    finally:
+        signer.close()
+
+
 def test_pcr_extended_by_something_else_after_the_measurement(swtpm):
     from tpm2_pytss import ESAPI
 

@@ -99,3 +99,17 @@ def test_ort_errors_come_back_with_ort_s_message():
         capi.CpuSession(b"this is not an ONNX model")
     s.close()
     s.close()
+    with pytest.raises(capi.CApiError, match="closed"):  # a bound run after close: an error, never freed memory
+        run()
+    with pytest.raises(capi.CApiError, match="closed"):
+        s.bind("signals", np.zeros((1, 6), np.float32), "command", np.zeros((1, 1), np.float32))
+
+
+def test_a_bound_run_keeps_its_session_alive():
+    import gc
+
+    out = np.zeros((1, 1), np.float32)
+    run = capi.CpuSession(DEMO_MODEL.read_bytes()).bind("signals", np.ones((1, 6), np.float32), "command", out)
+    gc.collect()  # the session object has no other reference: the closure must hold it
+    run()
+    assert np.isfinite(out).all() and out[0, 0] != 0.0
