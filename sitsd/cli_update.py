@@ -93,6 +93,13 @@ def _cmd_versions(args) -> int:
     cur = answer["current"]
     print(f"current stage set: generation {cur['generation']} ({cur['label']}), {cur['frames']} frames, "
           f"model {cur['model']} sha256 {_short(cur['model_sha256'])}")
+    lp = answer.get("loop", {})
+    ticker = lp.get("epoch_ticker")
+    parts = [f"epoch ticker {'native' if ticker.get('native') else 'Python thread'}" if ticker else None,
+             f"signature {lp['sign_path']}" if lp.get("sign_path") else None,
+             f"model run {lp['model_run_path']}" if lp.get("model_run_path") else None]
+    if any(parts):  # what keeps the GIL through a frame (docs/hotswap.md, "The loop keeps the GIL through its frame")
+        print("loop call paths: " + "; ".join(p for p in parts if p))
     for stage in ("pre", "post"):
         m = cur.get(stage)
         if m:

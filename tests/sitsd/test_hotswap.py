@@ -330,6 +330,8 @@ def test_sitsctl_update_swaps_modules_and_model_in_a_running_sitsd_without_losin
         assert r.returncode == 2 and "bounds not proven" in r.stderr
         out = sitsctl("versions")
         assert "pre_filter@" in out and "rollback" in out
+        # the running model (swapped in) runs through the C API, the signature through libcrypto: the GIL kept
+        assert "loop call paths: epoch ticker native; signature libcrypto, GIL held; model run ONNX Runtime C API" in out, out
         versions = request(control, "versions")
         stages = versions["current"]
         assert stages["pre"]["version"] == 2 and stages["post"]["version"] == 1
