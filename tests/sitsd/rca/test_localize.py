@@ -104,6 +104,23 @@ def test_a_weak_relation_counts_part_way_between_missing_and_seen(fmea):
     assert costs[0] > costs[1] > costs[2]
 
 
+def test_late_commands_under_network_delay_point_at_the_network_not_the_actuator(fmea):
+    """A loaded box under a network delay: the commands reach the PLC a cycle late, so the gap follows them
+    behind (actuator_tracking breaks 0.2 s after the first transit alert) and the strip drifts off gauge.
+    Seen once in CI with a real sitsd: the capsule ranked first while `late_commands` was not modelled."""
+    transit = Symptom("timestamp.transit", "gate", int(10.0e9), 495, 1.0, "warning", 5.5, "transit", int(13e9))
+    tracking = _symptom("anomaly.relation.actuator_tracking", 10.22, 13.0, value=-70.0)
+    thickness = _symptom("anomaly.relation.thickness_error", 12.0, 13.0, value=-92.0)
+    ranked = sorted((score(c, m, fmea, [transit, tracking, thickness]) for c, m in fmea.failure_modes),
+                    key=lambda c: -c.score)
+    assert ranked[0].mode.id == "network.congestion", [(c.mode.id, round(c.score, 2)) for c in ranked[:3]]
+    assert any(line.startswith("effect late_commands: anomaly.relation.actuator_tracking")
+               for line in ranked[0].evidence), ranked[0].evidence
+    # the capsule alone (no transit alert) still ranks first: the network cannot explain what it did not show
+    ranked = sorted((score(c, m, fmea, [tracking, thickness]) for c, m in fmea.failure_modes), key=lambda c: -c.score)
+    assert ranked[0].mode.id == "hydraulic_gap.saturation", [(c.mode.id, round(c.score, 2)) for c in ranked[:3]]
+
+
 def test_a_cleared_excursion_is_shown_apart_from_the_incident(runner, fmea, results):
     from sitsd.rca.render import to_dot, to_text
 
