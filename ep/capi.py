@@ -15,8 +15,9 @@ caller-owned numpy buffers through `ctypes.PYFUNCTYPE`: the call keeps the GIL. 
 `OrtApi` is a table of function pointers whose order ONNX Runtime never changes (new entries are appended;
 `GetApi(version)` returns NULL for a version the library does not have). The indices below are from
 `onnxruntime_c_api.h`. Every session made here is checked against the pybind session on a test input by
-`ep.session.ModelRunner` before it runs a frame; where the library is missing or refuses, `load_error()` says
-why and the runner keeps the pybind call (correct, only GIL-releasing).
+`ep.session.ModelRunner` before it runs a frame, which then frees the pybind session (one copy of the weights
+per loaded model); where the library is missing or refuses, `load_error()` says why and the runner keeps the
+pybind call (correct, only GIL-releasing).
 """
 from __future__ import annotations
 

@@ -141,13 +141,11 @@ class Session:
             data = runtime_model(data, self.manifest)
         so = session_options(threads, fp8_storage=self.fp8_folded, arena=False)
         so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
-        providers = prov.apply(self.choice, so, provider_options)
-        try:
-            self.session = ort.InferenceSession(data, so, providers=providers)
-        except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/InvalidProtobuf types
-            raise ModelLoadError(f"model {self.label}: ONNX Runtime cannot load it on "
-                                 f"{self.choice.provider}: {exc}") from exc
-        self.placement = prov.node_placement(self.session)
+        self._pybind_args = (so, prov.apply(self.choice, so, provider_options))
+        self._session: ort.InferenceSession | None = self._pybind_session(data)
+        self.pybind_released = False
+        self.placement = prov.node_placement(self._session)
+        self._providers = self._session.get_providers()
         self.notes = [f"provider: {self.choice.describe()}"]
         # `held_gil`: also a session of the same bytes through ORT's C API, whose run keeps the GIL (ep.capi)
         self.capi: capi.CpuSession | None = None
@@ -170,9 +168,38 @@ class Session:
         if self.placement:
             self.notes.append("nodes: " + "; ".join(f"{p} {len(n)}" for p, n in self.placement.items()))
 
+    def _pybind_session(self, data: bytes) -> ort.InferenceSession:
+        so, providers = self._pybind_args
+        try:
+            return ort.InferenceSession(data, so, providers=providers)
+        except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/InvalidProtobuf types
+            raise ModelLoadError(f"model {self.label}: ONNX Runtime cannot load it on "
+                                 f"{self.choice.provider}: {exc}") from exc
+
+    @property
+    def session(self) -> ort.InferenceSession:
+        """The pybind `InferenceSession`. After `release_pybind` it is made again on first use, from the
+        file read and verified again (`ModelLoadError` if its bytes are no longer the ones loaded)."""
+        if self._session is None:
+            data, _, manifest = resolve_model(self.path, self.sha256.hex())
+            if self.compute and self.compute.get("mode") != "fp32":
+                data = runtime_model(data, manifest)
+            self._session = self._pybind_session(data)
+        return self._session
+
+    def release_pybind(self) -> bool:
+        """Frees the pybind session when the C API session (`capi`) runs this model: each ORT session holds
+        its own copy of the weights, so keeping both doubles the model's memory (and a hot swap keeps the
+        previous model loaded too). Only for a model loaded from a path; True if released."""
+        if self.capi is None or self.path is None or self._session is None:
+            return False
+        self._session = None
+        self.pybind_released = True
+        return True
+
     @property
     def providers(self) -> list[str]:
-        return self.session.get_providers()
+        return list(self._providers)
 
     def run(self, feeds: dict[str, np.ndarray], names: list[str] | None = None) -> list[np.ndarray]:
         """A plain `InferenceSession.run` (allocates its outputs; for checks, not the fast path)."""
@@ -206,7 +233,7 @@ class ModelRunner:
                  expected_sha256: str | None = None, policy: str = "cpu") -> None:
         self.path = Path(path)
         self.ep = Session(self.path, policy=policy, threads=threads, expected_sha256=expected_sha256, held_gil=True)
-        self.sha256, self.manifest, self.session = self.ep.sha256, self.ep.manifest, self.ep.session
+        self.sha256, self.manifest = self.ep.sha256, self.ep.manifest
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         if len(inputs) != 1 or len(outputs) != 1:
             raise ModelLoadError(f"model {self.path}: needs exactly one input and one output tensor, "
@@ -230,6 +257,15 @@ class ModelRunner:
         self._self_test()
         for _ in range(WARMUP_RUNS):  # first-call allocations, page faults, caches: before the first frame
             self._run()
+        if self._run is not self._binding.run:  # the C session runs the frames: pybind's copy of the weights goes
+            self._binding = None
+            self.ep.release_pybind()
+
+    @property
+    def session(self) -> ort.InferenceSession:
+        """The pybind session, for checks and batched replays (not the frame path); made again on first use
+        when the C API session runs the frames (`ep.Session.release_pybind`)."""
+        return self.ep.session
 
     def _self_test(self) -> None:
         rng = np.random.default_rng(0)

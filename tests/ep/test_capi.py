@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from ep import capi
+from ep.errors import ModelLoadError
 from ep.session import ModelRunner
 from tests.gil import gil_handoffs
 
@@ -59,7 +60,8 @@ def test_the_c_api_run_keeps_the_gil_and_the_pybind_run_does_not(tmp_path):
     r = ModelRunner(wide_mlp(tmp_path / "wide.onnx"), 6, 1)
     assert r.run_path.startswith("ONNX Runtime C API"), r.run_path
     r.input[0] = [4.0, 3.0, 1.4, 8000.0, 120.0, 2.667]
-    released = gil_handoffs(r._binding.run)  # the control: pybind's run_with_iobinding releases it
+    control = r.ep.bind({r.input_name: r.input}, {r.output_name: np.zeros_like(r.output)})
+    released = gil_handoffs(control.run)  # the control: pybind's run_with_iobinding releases it
     kept = gil_handoffs(r.run)
     assert released >= 12, released
     assert kept <= 2, kept
@@ -113,3 +115,33 @@ def test_a_bound_run_keeps_its_session_alive():
     gc.collect()  # the session object has no other reference: the closure must hold it
     run()
     assert np.isfinite(out).all() and out[0, 0] != 0.0
+
+
+def test_the_runner_keeps_one_session_and_makes_the_pybind_one_again_only_when_asked(tmp_path):
+    """Each ORT session holds its own copy of the weights: with the C session running the frames, the pybind
+    one (the self-test's reference) is freed; `session` makes it again from the file, verified again."""
+    import shutil
+
+    path = shutil.copy(wide_mlp(tmp_path / "wide.onnx"), tmp_path / "m.onnx")
+    r = ModelRunner(path, 6, 1)
+    assert r.ep.pybind_released and r.ep._session is None and r._binding is None
+    assert r.ep.providers == ["CPUExecutionProvider"]
+    r.input[0] = [4.0, 3.0, 1.4, 8000.0, 120.0, 2.667]
+    got = r.run().copy()
+    want = r.session.run([r.output_name], {r.input_name: r.input.copy()})[0]  # made again on first use
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert r.ep._session is not None
+    # a file whose bytes changed after the load is not what runs: refused, not loaded
+    r2 = ModelRunner(path, 6, 1)
+    wide_mlp(tmp_path / "other.onnx", width=64)
+    shutil.copy(tmp_path / "other.onnx", path)
+    with pytest.raises(ModelLoadError, match="SHA-256"):
+        r2.session
+    r2.input[0] = r.input[0]
+    np.testing.assert_allclose(r2.run(), got, rtol=1e-5, atol=1e-6)  # the loaded model still runs
+
+
+def test_pybind_is_kept_when_it_runs_the_frames(monkeypatch):
+    monkeypatch.setenv(capi.ENV_DISABLE, "1")
+    r = ModelRunner(DEMO_MODEL, 6, 1)
+    assert not r.ep.pybind_released and r.ep._session is not None and r._binding is not None
