@@ -245,7 +245,7 @@ def score(component: Component, mode: FailureMode, fmea: Fmea, symptoms: list[Sy
                     cand.score += 0.3 * EXPECT_WEIGHT[d.expect] * s.strength * s.belief
                     cand.evidence.append(f"effect {effect_id}: {s.code} at {_ago(s.onset_ns, first_ns)}")
     unexplained = [s for s in symptoms if s.code not in explained]
-    cand.score -= sum(s.strength * s.belief for s in unexplained)
+    cand.score -= 1.5 * sum(s.strength * s.belief for s in unexplained)
     if own:
         lead = min(own, key=lambda s: s.onset_ns)
         own_first = lead.onset_ns

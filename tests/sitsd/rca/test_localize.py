@@ -111,11 +111,12 @@ def test_late_commands_under_network_delay_point_at_the_network_not_the_actuator
     transit = Symptom("timestamp.transit", "gate", int(10.0e9), 495, 1.0, "warning", 5.5, "transit", int(13e9))
     tracking = _symptom("anomaly.relation.actuator_tracking", 10.22, 13.0, value=-70.0)
     thickness = _symptom("anomaly.relation.thickness_error", 12.0, 13.0, value=-92.0)
-    ranked = sorted((score(c, m, fmea, [transit, tracking, thickness]) for c, m in fmea.failure_modes),
-                    key=lambda c: -c.score)
-    assert ranked[0].mode.id == "network.congestion", [(c.mode.id, round(c.score, 2)) for c in ranked[:3]]
-    assert any(line.startswith("effect late_commands: anomaly.relation.actuator_tracking")
-               for line in ranked[0].evidence), ranked[0].evidence
+    granger = _symptom("anomaly.granger.command->roll_gap", 10.1, 13.0)
+    for symptoms in ([transit, tracking, thickness], [transit, tracking, thickness, granger]):
+        ranked = sorted((score(c, m, fmea, symptoms) for c, m in fmea.failure_modes), key=lambda c: -c.score)
+        assert ranked[0].mode.id == "network.congestion", [(c.mode.id, round(c.score, 2)) for c in ranked[:3]]
+        assert any(line.startswith("effect late_commands: anomaly.relation.actuator_tracking")
+                   for line in ranked[0].evidence), ranked[0].evidence
     # the capsule alone (no transit alert) still ranks first: the network cannot explain what it did not show
     ranked = sorted((score(c, m, fmea, [tracking, thickness]) for c, m in fmea.failure_modes), key=lambda c: -c.score)
     assert ranked[0].mode.id == "hydraulic_gap.saturation", [(c.mode.id, round(c.score, 2)) for c in ranked[:3]]
