@@ -21,6 +21,7 @@ bench: setup
 	.venv/bin/python bench/ep.py
 	.venv/bin/python bench/zk.py
 	.venv/bin/python bench/hotswap.py
+	.venv/bin/python bench/receive_gil.py
 	.venv/bin/python bench/rca.py
 	.venv/bin/python bench/soak.py --seconds 40
 

@@ -144,11 +144,11 @@ class EthFrameSource(UadpSocketSource):
         of a link that is down or congested are counted in `link_errors` and return None (see
         UadpSocketSource); only a socket that is itself broken raises TransportError.
         """
-        self._sock.settimeout(timeout_s)
+        flags = self.receive_flags(timeout_s)
         dst_want = self.address.mac
         while True:
             try:
-                nbytes, ancdata, _flags, addr = self._sock.recvmsg_into([self._buffer], 512)
+                nbytes, ancdata, _flags, addr = self._sock.recvmsg_into([self._buffer], 512, flags)
                 if self.after_wait is not None:
                     self.after_wait()
             except (TimeoutError, BlockingIOError):

@@ -148,10 +148,10 @@ class UdpFrameSource(UadpSocketSource):
         of a link that is down or congested are counted in `link_errors` and return None (see
         UadpSocketSource); only a socket that is itself broken raises TransportError.
         """
-        self._sock.settimeout(timeout_s)
+        flags = self.receive_flags(timeout_s)
         while True:
             try:
-                nbytes, ancdata, _flags, _addr = self._sock.recvmsg_into([self._buffer], 256)
+                nbytes, ancdata, _flags, _addr = self._sock.recvmsg_into([self._buffer], 256, flags)
                 if self.after_wait is not None:
                     self.after_wait()
             except (TimeoutError, BlockingIOError):

@@ -53,10 +53,10 @@ class _FakeSocket:
     def __init__(self, payload: bytes = b"", ancdata=(), error: OSError | None = None) -> None:
         self.payload, self.ancdata, self.error, self.calls = payload, list(ancdata), error, 0
 
-    def settimeout(self, _timeout):
+    def setsockopt(self, *_args):  # SO_RCVTIMEO
         pass
 
-    def recvmsg_into(self, buffers, _ancbufsize):
+    def recvmsg_into(self, buffers, _ancbufsize, _flags=0):
         self.calls += 1
         if self.error is not None:
             raise self.error

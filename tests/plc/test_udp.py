@@ -98,3 +98,34 @@ def test_discard_pending_drops_the_startup_backlog():
     finally:
         source.close()
         pub.close()
+
+
+def test_a_receive_is_one_blocking_call_with_the_kernels_timeout():
+    """The socket stays blocking (no Python timeout: that polls, then receives, releasing the GIL twice);
+    the kernel's SO_RCVTIMEO ends a wait without a frame, and a timeout of 0 is a non-blocking receive."""
+    layout = FixedLayout(2)
+    source, pub = udp_loopback(layout, publisher_id=7, writer_id=1)
+    try:
+        sock = source._sock
+        assert sock.gettimeout() is None
+        t0 = time.monotonic()
+        assert source.receive(0.03) is None and source.link_errors == 0
+        assert time.monotonic() - t0 >= 0.029  # it waited (rounded up to the kernel's tick, never down)
+        sec, usec = struct.unpack("qq", sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16))
+        assert (sec, usec) != (0, 0) and 30_000 <= sec * 1_000_000 + usec <= 40_000
+        assert source.receive(0) is None  # nothing queued: returns at once, counts nothing
+        assert source.receive(-1.0) is None and source.link_errors == 0
+        pub.send(layout.encode(UadpMessage(7, 1, 1, 4, 4, time.time_ns(), (1.0, 2.0))))
+        deadline = time.monotonic() + 2.0
+        frame = None
+        while frame is None and time.monotonic() < deadline:
+            frame = source.receive(0)  # non-blocking receives until the datagram is there
+        assert frame is not None and frame.sequence_number == 4
+        pub.send(layout.encode(UadpMessage(7, 1, 1, 5, 5, time.time_ns(), (1.0, 2.0))))
+        frame = source.receive(1.5)  # a new timeout: set once, then reused
+        assert frame is not None and frame.sequence_number == 5
+        sec, usec = struct.unpack("qq", sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16))
+        assert sec * 1_000_000 + usec >= 1_500_000
+    finally:
+        source.close()
+        pub.close()
