@@ -120,11 +120,11 @@ class UadpSocketSource:
         The socket stays in blocking mode and the kernel keeps the timeout (SO_RCVTIMEO, set again only when
         it changes), so a receive is one system call and releases the GIL once. Python's own socket timeout
         polls first and receives after, releasing the GIL twice per frame: a thread that takes it in between
-        (a preparing hot swap) holds the loop up. Measured on 1 kHz loopback datagrams with a Python thread
-        that always wants the GIL (the loop's switch interval 0.2 ms while it waits, as `GilPriority` sets
-        it): from the kernel's receive stamp to Python, p99 610-720 us with the socket timeout, 300-480 us
-        with this. The kernel rounds the timeout up to its tick (4 ms at HZ=250). `timeout_s` <= 0: a
-        non-blocking receive (SO_RCVTIMEO 0 would mean no timeout at all)."""
+        (a preparing hot swap) holds the loop up. `bench/receive_gil.py` measures both with a Python thread that
+        always wants the GIL (2-core VM, loop pinned: from the kernel's receive stamp to Python, p99 1.08 ms
+        with this vs 1.36 ms; a bare-socket probe, unpinned: 300-480 us vs 610-720 us). The kernel rounds
+        the timeout up to its tick (4 ms at HZ=250). `timeout_s` <= 0: a non-blocking receive (SO_RCVTIMEO 0
+        would mean no timeout at all)."""
         if timeout_s <= 0:
             return socket.MSG_DONTWAIT
         if timeout_s != self._rcvtimeo_s:
