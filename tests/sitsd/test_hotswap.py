@@ -317,8 +317,8 @@ def test_sitsctl_update_swaps_modules_and_model_in_a_running_sitsd_without_losin
         # the daemon's own counters (whatever the PLC makes of the new model hash): the two module swaps and the
         # model swap with its bound proof lost no frame: no stale drop, no sequence gap, no fail-safe, no missed
         # deadline
-        assert {k: after[k] - before[k] for k in watched} == dict.fromkeys(watched, 0), (
-            before, after, status["recent_alerts"])
+        assert {k: after[k] - before[k] for k in watched} == dict.fromkeys(watched, 0), json.dumps(
+            {"before": before, "after": after, "recent_alerts": status["recent_alerts"]}, indent=1, default=str)
         assert after["frames"] > before["frames"] and after["submitted"] > before["submitted"]
         current = request(control, "versions")["current"]
         assert current["model_sha256"] == hashlib.sha256(model_copy.read_bytes()).hexdigest()
