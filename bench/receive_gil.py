@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from plc.frame import RxStampSource  # noqa: E402
 from plc.uadp import FixedLayout  # noqa: E402
-from plc.udp import UdpFrameSource  # noqa: E402
+from plc.udp import UdpFrameSource, private_multicast_url  # noqa: E402
 from sitsd.pipeline import GilPriority  # noqa: E402
 
 SENDER = """
@@ -50,17 +50,6 @@ for seq in range(1, {n} + 1):
         time.sleep(0.0002)
     pub.send(layout.encode(UadpMessage(7, 1, 1, seq, seq, time.time_ns(), (1.0, 2.0, 3.0, 4.0, 5.0, 6.0))))
 """
-
-
-def multicast_group_url() -> str:
-    """A random administratively scoped group and a free port: rounds do not hear each other."""
-    import random
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"opc.udp://239.255.{random.randint(1, 254)}.{random.randint(1, 254)}:{port}"
 
 
 CPUS = sorted(os.sched_getaffinity(0))
@@ -80,7 +69,7 @@ def _normal_policy() -> None:
 
 
 def one_round(mode: str, frames: int, warmup: int = 100) -> np.ndarray:
-    url = multicast_group_url()
+    url = private_multicast_url()  # rounds do not hear each other
     source = UdpFrameSource(url, FixedLayout(6), "127.0.0.1", publisher_id=7)
     if mode == "socket_timeout":  # the baseline: Python's own timeout (poll, then receive)
         def flags(timeout_s: float, sock=source._sock) -> int:

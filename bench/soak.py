@@ -74,7 +74,8 @@ from attestation.tpm import Swtpm, TpmSigner  # noqa: E402
 from sitsd.audit import AuditError, read_records, segment_header, verify_directory  # noqa: E402
 from sitsd.config import load_config  # noqa: E402
 from sitsd.control import request  # noqa: E402
-from sitsd.demo import Simulator, _free_udp_port  # noqa: E402
+from plc.udp import private_multicast_url  # noqa: E402
+from sitsd.demo import Simulator  # noqa: E402
 from sitsd.errors import ControlError  # noqa: E402
 from sitsd.model import model_sha256  # noqa: E402
 from sitsd.prover import ensure_keys  # noqa: E402
@@ -168,7 +169,7 @@ class Soak:
         if proof_n:
             ensure_keys(self.cfg, work / "proofs" / "keys")
         self.port = _free_tcp_port()
-        self.udp_url = f"opc.udp://239.255.{os.getpid() % 200 + 20}.{_free_udp_port() % 250 + 1}:{_free_udp_port()}"
+        self.udp_url = private_multicast_url()
         self.sim = self._start_sim()
         self.daemon: subprocess.Popen | None = None
         # per daemon incarnation: pid, the acknowledged count its status last reported, its last counters

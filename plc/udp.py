@@ -49,6 +49,18 @@ def parse_udp_url(url: str) -> tuple[str, int]:
     return parsed.hostname, port
 
 
+def private_multicast_url(bind_ip: str = "127.0.0.1") -> str:
+    """An opc.udp URL on a random group of the administratively scoped block (239.255.0.0/16, RFC 2365) and a
+    UDP port free on `bind_ip` now: a demo, test or benchmark run that does not hear another running beside it.
+    The port is free when asked, not reserved: bind it soon."""
+    import random
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((bind_ip, 0))
+        port = s.getsockname()[1]
+    return f"opc.udp://239.255.{random.randint(1, 254)}.{random.randint(1, 254)}:{port}"
+
+
 def interface_of_address(address: str) -> tuple[str, int] | None:
     """(name, index) of the interface whose primary IPv4 address is `address`, or None."""
     try:

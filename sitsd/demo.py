@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import shutil
 import socket
 import subprocess
@@ -22,6 +21,7 @@ from typing import TextIO
 import numpy as np
 
 from attestation.signers import SoftwareSigner
+from plc.udp import private_multicast_url
 
 from .config import Config, load_config
 from .daemon import Daemon
@@ -54,12 +54,6 @@ def parse_metrics_address(text: str) -> tuple[str, int]:
 
 def _metrics_url(host: str, port: int) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
-
-
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Simulator:
@@ -250,8 +244,7 @@ def run_demo(seconds: float | None = 20.0, frames: int | None = None, config_pat
 
             overrides = {**(overrides or {}), "model.artifact": str(compiled_artifact(config_path, base, say))}
             base = load_config(config_path, overrides)
-        group = f"239.255.{random.randint(1, 254)}.{random.randint(1, 254)}"
-        udp_url = f"opc.udp://{group}:{_free_udp_port()}"
+        udp_url = private_multicast_url()
         model_sha = model_sha256(base)  # a file's hash, a compiled artifact's, or the streaming graph's
         if base.model.kind == "streaming":
             say("model: the streaming transformer (model.kind streaming) with deterministic random weights: it is "

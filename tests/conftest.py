@@ -1,6 +1,7 @@
 """Shared fixtures: real peers only (swtpm, the PLC simulator process, ONNX Runtime)."""
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 
@@ -179,13 +180,9 @@ def check_commands_across_a_plc_restart(audit_dir: Path, first: dict, second: di
 
 def multicast_group_url() -> str:
     """An opc.udp URL on a random administratively scoped group and a free port: tests do not hear each other."""
-    import random
-    import socket
+    from plc.udp import private_multicast_url
 
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"opc.udp://239.255.{random.randint(1, 254)}.{random.randint(1, 254)}:{port}"
+    return private_multicast_url()
 
 
 def udp_loopback(layout, **source_kwargs):
@@ -194,6 +191,59 @@ def udp_loopback(layout, **source_kwargs):
 
     url = multicast_group_url()
     return UdpFrameSource(url, layout, "127.0.0.1", **source_kwargs), UdpPublisher(url, "127.0.0.1")
+
+
+@contextlib.contextmanager
+def sitsd_serving_simulator(prefix: str):
+    """sitsd in this process (its loop and I/O threads, software signing) serving the PLC simulator process at
+    100 Hz: UDP frames on a fresh multicast group, OPC UA writes without security, as in `sitsctl demo`.
+    Yields (daemon, config, workdir, metrics exporter, its port); stops all of it and removes the workdir afterwards."""
+    import asyncio
+    import tempfile
+    import threading
+
+    from attestation.signers import SoftwareSigner
+    from ep.session import sha256_file
+    from sitsd.config import load_config
+    from sitsd.daemon import Daemon
+    from sitsd.demo import DEFAULT_CONFIG, SIM_NAMESPACE, Simulator
+    from sitsd.metrics import MetricsExporter
+
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    signer = SoftwareSigner()
+    sim = daemon = thread = exporter = None
+    try:
+        base = load_config(DEFAULT_CONFIG)
+        udp_url = multicast_group_url()
+        key_path = workdir / "signer.pub.pem"
+        key_path.write_bytes(signer.public_key_pem())
+        sim = Simulator(udp_url, key_path, sha256_file(base.model.artifact).hex(), 1, 100.0, workdir, security="none")
+        cfg = load_config(DEFAULT_CONFIG, {
+            "attestation.mode": "software", "transport.url": udp_url, "transport.interface": "127.0.0.1",
+            "plc.endpoint": sim.endpoint, "plc.command_node": f"nsu={SIM_NAMESPACE};s=RollingMill.RollGapCommand",
+            "plc.security": "none", "plc.pki_dir": str(workdir / "pki-sitsd"),
+            "plc.status_node": f"nsu={SIM_NAMESPACE};s=RollingMill.Status",
+            "plc.diagnostic_node": f"nsu={SIM_NAMESPACE};s=RollingMill.Diagnostic",
+            "audit.directory": str(workdir / "audit"), "control.socket": str(workdir / "control.sock")})
+        daemon = Daemon(cfg, signer=signer)
+        thread = threading.Thread(target=lambda: asyncio.run(daemon.serve()), name="sitsd-io", daemon=True)
+        thread.start()
+        assert daemon.ready.wait(60), "sitsd did not become ready"
+        assert daemon.startup_error is None, f"sitsd did not start: {daemon.startup_error}"
+        exporter = MetricsExporter(daemon)
+        port = exporter.start("127.0.0.1", 0)
+        yield daemon, cfg, workdir, exporter, port
+    finally:
+        if exporter is not None:
+            exporter.stop()
+        if daemon is not None:
+            daemon.request_stop()
+        if thread is not None:
+            thread.join(10)
+        if sim is not None:
+            sim.close()
+        signer.close()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

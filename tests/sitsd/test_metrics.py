@@ -1,13 +1,8 @@
 """The Prometheus exporter and `sitsctl top` against a real daemon, simulator and control socket."""
 from __future__ import annotations
 
-import asyncio
 import io
-import random
 import re
-import shutil
-import tempfile
-import threading
 import time
 import urllib.request
 from collections import Counter
@@ -17,56 +12,22 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from attestation.signers import SoftwareSigner
-from ep.session import sha256_file
 from sitsd.config import load_config
 from sitsd.daemon import Daemon
 from sitsd.gates.timestamp import REASONS
-from sitsd.demo import DEFAULT_CONFIG, SIM_NAMESPACE, Simulator, _free_udp_port
+from sitsd.demo import DEFAULT_CONFIG
 from sitsd.metrics import LATENCY_BUCKETS_S, STAGE_BUCKETS_S, MetricsExporter, RingHistograms
 from sitsd.stats import STAGE_INDEX, STAGES, TimingRing
 from sitsd.top import run_top
+
+from ..conftest import sitsd_serving_simulator
 
 
 @pytest.fixture(scope="module")
 def running():
     """sitsd serving the PLC simulator at 100 Hz (UDP frames, OPC UA writes without security), as in run_demo."""
-    workdir = Path(tempfile.mkdtemp(prefix="sits-metrics-"))
-    signer = SoftwareSigner()
-    sim = daemon = thread = None
-    try:
-        base = load_config(DEFAULT_CONFIG)
-        udp_url = f"opc.udp://239.255.{random.randint(1, 254)}.{random.randint(1, 254)}:{_free_udp_port()}"
-        key_path = workdir / "signer.pub.pem"
-        key_path.write_bytes(signer.public_key_pem())
-        sim = Simulator(udp_url, key_path, sha256_file(base.model.artifact).hex(), 1, 100.0, workdir, security="none")
-        cfg = load_config(DEFAULT_CONFIG, {
-            "attestation.mode": "software", "transport.url": udp_url, "transport.interface": "127.0.0.1",
-            "plc.endpoint": sim.endpoint, "plc.command_node": f"nsu={SIM_NAMESPACE};s=RollingMill.RollGapCommand",
-            "plc.security": "none", "plc.pki_dir": str(workdir / "pki-sitsd"),
-            "plc.status_node": f"nsu={SIM_NAMESPACE};s=RollingMill.Status",
-            "plc.diagnostic_node": f"nsu={SIM_NAMESPACE};s=RollingMill.Diagnostic",
-            "audit.directory": str(workdir / "audit"), "control.socket": str(workdir / "control.sock")})
-        daemon = Daemon(cfg, signer=signer)
-        thread = threading.Thread(target=lambda: asyncio.run(daemon.serve()), name="sitsd-io", daemon=True)
-        thread.start()
-        assert daemon.ready.wait(60), "sitsd did not become ready"
-        assert daemon.startup_error is None, f"sitsd did not start: {daemon.startup_error}"
-        exporter = MetricsExporter(daemon)
-        port = exporter.start("127.0.0.1", 0)
-        try:
-            yield daemon, exporter, port, cfg
-        finally:
-            exporter.stop()
-    finally:
-        if daemon is not None:
-            daemon.request_stop()
-        if thread is not None:
-            thread.join(10)
-        if sim is not None:
-            sim.close()
-        signer.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+    with sitsd_serving_simulator("sits-metrics-") as (daemon, cfg, _, exporter, port):
+        yield daemon, exporter, port, cfg
 
 
 def scrape(port: int) -> dict:

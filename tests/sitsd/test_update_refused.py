@@ -3,28 +3,17 @@
 the loop keeps running the version it ran before."""
 from __future__ import annotations
 
-import asyncio
 import json
-import random
 import shutil
-import tempfile
-import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from attestation.signers import SoftwareSigner
-from ep.session import sha256_file
-from sitsd.config import load_config
 from sitsd.control import ControlError, request
-from sitsd.daemon import Daemon
-from sitsd.demo import DEFAULT_CONFIG, SIM_NAMESPACE, Simulator, _free_udp_port
-from sitsd.metrics import MetricsExporter
 
-from ..conftest import REPO
+from ..conftest import REPO, sitsd_serving_simulator
 
 MODULES = REPO / "wasm_modules"
 
@@ -32,41 +21,8 @@ MODULES = REPO / "wasm_modules"
 @pytest.fixture
 def running():
     """sitsd (in this process, its loop and I/O threads) serving the PLC simulator at 100 Hz, with its metrics."""
-    workdir = Path(tempfile.mkdtemp(prefix="sits-refused-"))
-    signer = SoftwareSigner()
-    sim = daemon = thread = exporter = None
-    try:
-        base = load_config(DEFAULT_CONFIG)
-        udp_url = f"opc.udp://239.255.{random.randint(1, 254)}.{random.randint(1, 254)}:{_free_udp_port()}"
-        key_path = workdir / "signer.pub.pem"
-        key_path.write_bytes(signer.public_key_pem())
-        sim = Simulator(udp_url, key_path, sha256_file(base.model.artifact).hex(), 1, 100.0, workdir, security="none")
-        cfg = load_config(DEFAULT_CONFIG, {
-            "attestation.mode": "software", "transport.url": udp_url, "transport.interface": "127.0.0.1",
-            "plc.endpoint": sim.endpoint, "plc.command_node": f"nsu={SIM_NAMESPACE};s=RollingMill.RollGapCommand",
-            "plc.security": "none", "plc.pki_dir": str(workdir / "pki-sitsd"),
-            "plc.status_node": f"nsu={SIM_NAMESPACE};s=RollingMill.Status",
-            "plc.diagnostic_node": f"nsu={SIM_NAMESPACE};s=RollingMill.Diagnostic",
-            "audit.directory": str(workdir / "audit"), "control.socket": str(workdir / "control.sock")})
-        daemon = Daemon(cfg, signer=signer)
-        thread = threading.Thread(target=lambda: asyncio.run(daemon.serve()), name="sitsd-io", daemon=True)
-        thread.start()
-        assert daemon.ready.wait(60), "sitsd did not become ready"
-        assert daemon.startup_error is None, f"sitsd did not start: {daemon.startup_error}"
-        exporter = MetricsExporter(daemon)
-        port = exporter.start("127.0.0.1", 0)
+    with sitsd_serving_simulator("sits-refused-") as (daemon, _, workdir, _, port):
         yield daemon, port, workdir
-    finally:
-        if exporter is not None:
-            exporter.stop()
-        if daemon is not None:
-            daemon.request_stop()
-        if thread is not None:
-            thread.join(10)
-        if sim is not None:
-            sim.close()
-        signer.close()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _metric(port: int, name: str, **labels) -> float | None:
