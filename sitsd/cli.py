@@ -614,6 +614,7 @@ def build_parser() -> argparse.ArgumentParser:
     __import__("sitsd.cli_zk").cli_zk.register(sub)  # sitsctl zk-setup / prove / verify-proof (Groth16)
     __import__("sitsd.cli_deploy").cli_deploy.register(sub)  # sitsctl deploy, sitsctl policy keygen / approve
     __import__("sitsd.cli_sign").cli_sign.register(sub)  # sitsctl sign / verify-signature (detached signatures)
+    __import__("sitsd.cli_module").cli_module.register(sub)  # sitsctl build-module (WAT -> checked .wasm)
     __import__("sitsd.cli_enroll").cli_enroll.register(sub)  # sitsctl enroll (AK enrollment, docs/enroll.md)
     __import__("sitsd.cli_measurements").cli_measurements.register(sub)  # sitsctl measurements verify (PCR 23 log)
     sub.add_parser("plcsim", help="run the rolling-mill PLC simulator (see sitsctl plcsim --help)",

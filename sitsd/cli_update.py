@@ -2,10 +2,15 @@
 over its control socket (the daemon stages, prepares off its loop, swaps between two frames)."""
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
-UPDATE_TIMEOUT_S = 120.0  # a model's bound proof runs inside the request
+# How long `sitsctl update`/`rollback` wait for the daemon's answer. A model's bound proof runs inside the request
+# (up to sitsd.hotswap.PROOF_TIMEOUT_S = 300 s), after a wait for the swap lock and before the swap itself: the CLI
+# waits longer, or it would report a timeout while the daemon goes on and swaps later. A literal, so that sitsctl
+# does not import the hot-swap machinery; tests/sitsd/test_cli_update_errors.py keeps it above the proof timeout.
+UPDATE_TIMEOUT_S = 360.0
 
 
 def _socket(args) -> Path:
@@ -19,6 +24,34 @@ def _socket(args) -> Path:
 
 def _short(sha: str | None) -> str:
     return f"{sha[:16]}…" if sha else "-"
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return value
+
+
+def _check_update(args) -> str | None:
+    """Why these `sitsctl update` options do not go together, or None."""
+    if args.name is not None and not args.module:
+        flag = "--model" if args.model else "--config"
+        return (f"--name picks the loaded module that --module replaces; it does not apply to {flag} "
+                f"(drop --name)")
+    return None
+
+
+def _check_rollback(args) -> str | None:
+    """Why these `sitsctl rollback` options do not go together, or None."""
+    if args.force and (args.module or args.model or args.config):
+        flag = f"--module {args.module}" if args.module else "--model" if args.model else "--config"
+        return (f"--force applies only to a whole-set rollback, not to {flag}: drop --force, or drop {flag} to "
+                f"roll back the whole stage set")
+    return None
 
 
 def _cmd_update(args) -> int:
@@ -35,7 +68,7 @@ def _cmd_update(args) -> int:
     if not args.json:
         print(f"staging {what}: verify hash, prepare off the loop (compile, self-test"
               f"{', bound proof' if args.model else ''}), swap between two frames ...", flush=True)
-    answer = request(_socket(args), "update", timeout_s=UPDATE_TIMEOUT_S, **{k: v for k, v in params.items() if v})
+    answer = request(_socket(args), "update", timeout_s=args.timeout, **{k: v for k, v in params.items() if v})
     answer.pop("ok", None)
     if args.json:
         print(json.dumps(answer))
@@ -67,7 +100,7 @@ def _cmd_rollback(args) -> int:
 
     params = ({"module": args.module} if args.module else {"model": True} if args.model
               else {"config": True} if args.config else {"force": True} if args.force else {})
-    answer = request(_socket(args), "rollback", timeout_s=UPDATE_TIMEOUT_S, **params)
+    answer = request(_socket(args), "rollback", timeout_s=args.timeout, **params)
     answer.pop("ok", None)
     if args.json:
         print(json.dumps(answer))
@@ -117,17 +150,24 @@ def _cmd_versions(args) -> int:
 
 def register(sub) -> None:
     """Adds `update` and `rollback` to sitsctl's subcommands."""
-    for name, help_text, func in (
+    for name, help_text, func, check in (
             ("update", "hot-swap a WASM module, the model or the config of a running sitsd, without losing a frame",
-             _cmd_update),
-            ("rollback", "swap back to the version that ran before the last update (kept loaded)", _cmd_rollback),
-            ("versions", "the running stage set, per-version frame counters and the recent swaps", _cmd_versions)):
+             _cmd_update, _check_update),
+            ("rollback", "swap back to the version that ran before the last update (kept loaded)", _cmd_rollback,
+             _check_rollback),
+            ("versions", "the running stage set, per-version frame counters and the recent swaps", _cmd_versions,
+             None)):
         p = sub.add_parser(name, help=help_text, description=help_text + ". See docs/hotswap.md.")
         p.add_argument("--daemon-config", type=Path, default=Path("/etc/sits2026/sitsd.yaml"),
                        help="the running daemon's config, to find its control socket")
         p.add_argument("--socket", default=None, help="control socket path (instead of --daemon-config)")
         p.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a field of --daemon-config")
         p.add_argument("--json", action="store_true", help="print the daemon's answer as JSON")
+        if check is not None:
+            p.add_argument("--timeout", type=_positive_seconds, default=UPDATE_TIMEOUT_S, metavar="SECONDS",
+                           help=f"how long to wait for the daemon's answer (default {UPDATE_TIMEOUT_S:g} s, above "
+                                "the model's bound-proof timeout); after a timeout the swap may still land: "
+                                "check with `sitsctl versions`")
         if name == "update":
             what = p.add_mutually_exclusive_group(required=True)
             what.add_argument("--module", type=Path, help="a .wat/.wasm module with <stem>.golden.json next to it")
@@ -146,4 +186,16 @@ def register(sub) -> None:
                            help="whole-set rollback only: run the previous set even when it is the one an automatic "
                                 "rollback just left (it trapped, sent fail-safes or the PLC refused it); refused "
                                 "without --force")
-        p.set_defaults(func=func)
+        p.set_defaults(func=func if check is None else _checked(p, check, func))
+
+
+def _checked(parser: argparse.ArgumentParser, check, func):
+    """`func`, run only when `check` finds nothing wrong with the options; else an argparse usage error (exit 2)."""
+
+    def run(args) -> int:
+        problem = check(args)
+        if problem:
+            parser.error(problem)
+        return func(args)
+
+    return run

@@ -177,7 +177,16 @@ async def serve(path: Path, handlers: dict[str, Callable[[dict], dict | Awaitabl
     return server
 
 
+# Commands whose work the daemon finishes even when the client stopped waiting: a swap can still land after a timeout.
+_SWAPS = frozenset({"update", "rollback"})
+
+
 def request(path: str | os.PathLike, command: str, timeout_s: float = 3.0, **params) -> dict:
+    """Send one command to the control socket at `path` and return the daemon's answer (a dict with "ok": true).
+
+    Raises ControlError when the socket cannot be reached, when no answer comes within `timeout_s` (the daemon may
+    still be working on the command), when the daemon closes the connection without a complete JSON answer, or when
+    it answers with an error."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(timeout_s)
@@ -191,9 +200,26 @@ def request(path: str | os.PathLike, command: str, timeout_s: float = 3.0, **par
                 data += chunk
     except FileNotFoundError:
         raise ControlError(f"no control socket at {path}: is sitsd running? (control.socket in its config)") from None
+    except TimeoutError:  # socket.timeout; an OSError, so before the clause below
+        still = (f" The update may still be applied: `sitsctl versions` shows what runs (`sitsctl {command} "
+                 f"--timeout SECONDS` waits longer)." if command in _SWAPS else "")
+        raise ControlError(f"control socket {path}: no answer to {command!r} within {timeout_s:g} s; sitsd may "
+                           f"still be working on it.{still}") from None
     except OSError as exc:
         raise ControlError(f"control socket {path}: {exc}") from None
-    answer = json.loads(data)
+    problem = ("no answer at all" if not data else
+               f"{len(data)} bytes without the end of the line" if not data.endswith(b"\n") else None)
+    if problem is None:
+        try:
+            answer = json.loads(data)
+        except ValueError as exc:
+            problem = f"{len(data)} bytes that are not JSON: {exc}"
+        else:
+            if not isinstance(answer, dict):
+                problem = f"a JSON {type(answer).__name__}, not an object"
+    if problem is not None:
+        raise ControlError(f"control socket {path}: sitsd closed the connection without answering {command!r} "
+                           f"({problem}): did it stop? See `systemctl status sitsd` and `journalctl -u sitsd`")
     if not answer.get("ok"):
         raise ControlError(f"sitsd answered: {answer.get('error')}")
     return answer

@@ -235,6 +235,7 @@ class Daemon:
         except WasmError as exc:
             raise StartupError(f"{exc}\n  fix: correct the module or its golden vectors, or remove it from "
                                f"`modules:`") from exc
+        self.report_cache_refused(pre, post)
         if self.wasm is not None and not self.wasm.ticker["native"]:
             self.log.warning("python epoch ticker", detail="sitsd._native is not built: the WASM epoch ticker runs as "
                              "a Python thread and module calls release the GIL, so the loop thread waits for it "
@@ -281,6 +282,22 @@ class Daemon:
         self._start_step("starting the prover")  # its process pool is never started after a stop
         # Groth16 proofs of commands off the fast path (sitsd/prover.py); chains onto the observer above
         self.prover = __import__("sitsd.prover").prover.attach_prover(self) if cfg.proof.policy != "off" else None
+
+    def report_cache_refused(self, *versions) -> None:
+        """Modules loaded at start whose .cwasm cache entry failed its integrity check (ModuleVersion.cache_refused):
+        they run, recompiled from their source, but something wrote into the cache: a warning and a `wasm_cache`
+        alert each. Also called by Persistence.keep_fallback for the rollback targets it loads."""
+        for version in versions:
+            if version is None or not getattr(version, "cache_refused", None):
+                continue
+            self.log.warning("wasm cache entry refused", module=version.name, stage=version.stage,
+                             path=str(version.path), sha256=version.sha256, reason=version.cache_refused,
+                             detail="the module was recompiled from its source and runs; the cached native code "
+                             "did not match its record or the record was not made with this device's cache key",
+                             fix="find out what wrote into the wasm cache directory (only sitsd should); the entry "
+                             "was removed and rewritten")
+            self._alert("wasm_cache", f"module {version.name} ({version.stage}, {Path(version.path).name}): its .cwasm "
+                        f"cache entry was refused and the module recompiled from its source: {version.cache_refused}")
 
     def _start_step(self, step: str) -> None:
         """_build's progress (on the start thread, sitsd/startup.py): StartupInterrupted once a stop gave it up."""

@@ -87,6 +87,10 @@ class StageSet:
     frames: int = 0
     traps: int = 0
     faults: int = 0  # traps other than the wall-clock deadline
+    # traps and faults within its first WATCH_FRAMES frames: what the health watch judges, however late its
+    # check runs (housekeeping looks every 50 ms: ~50 frames at 1 kHz)
+    watch_traps: int = 0
+    watch_faults: int = 0
     first_frame: int = -1  # the loop's frame counter at this set's first frame (-1: not yet used)
     label: str = ""
 
@@ -115,6 +119,21 @@ class SwapRecord:
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
+
+
+@dataclass(slots=True)
+class _Watch:
+    """A set in its health watch (its first WATCH_FRAMES frames): the loop's counters when it went live, and
+    the set an automatic rollback returns to."""
+
+    set: StageSet
+    failsafe0: int
+    frames0: int
+    rejected0: int | None  # the PLC's refusals so far (None: not watched, e.g. a deploy's load)
+    rebinds0: int | None  # failed session re-binds so far (None: not watched)
+    # the last set that passed its watch (or the one running before the chain of updates that are all still
+    # in theirs): a second update inside the first one's watch must not make the first one the fallback
+    fallback: StageSet | None
 
 
 class HotSwap:
@@ -156,8 +175,12 @@ class HotSwap:
         self.sets: list[StageSet] = [loop.stage_set]
         self._retired = {"frames": 0, "models": {}, "modules": {}, "sets": []}
         self._generation = loop.stage_set.generation
+        # `_lock` guards the running set: a swap, a rollback, the health check's automatic rollback. `_prep_lock`
+        # keeps preparations (compile, self-test, a model's bound proof: up to PROOF_TIMEOUT_S) to one at a time
+        # without holding `_lock`, so a set that traps rolls back while a model is being proven
         self._lock = threading.Lock()
-        self._watch: tuple[StageSet, int, int] | None = None  # (set, failsafe count at swap, frame at swap)
+        self._prep_lock = threading.Lock()
+        self._watch: _Watch | None = None
         self._config_watch: tuple | None = None  # (Config put live by update --config, failsafe, frame, refused)
         # the set an automatic rollback left, why, and when (wall clock): `rollback` does not run it again
         # unless forced (after an automatic rollback the previous set is the one that faulted)
@@ -245,9 +268,15 @@ class HotSwap:
 
     # -- the swap -----------------------------------------------------------------------------------
     def _activate(self, new: StageSet, action: str, component: str, name: str, sha: str, prepare_ms: float,
-                  reason: str = "", watch_plc: bool = True, announce: str | None = None) -> SwapRecord:
-        """`announce`: raise the update events (`_announce`) with this action text once the new set runs."""
+                  reason: str = "", watch_plc: bool = True, announce: str | None = None,
+                  pickup: bool = True) -> SwapRecord:
+        """`announce`: raise the update events (`_announce`) with this action text once the new set runs.
+        `pickup`: wait (up to pickup_timeout_s) for the new set's first frame, so the record names it; the
+        automatic rollback does not (it runs in the daemon's housekeeping, which must not wait on frames that
+        may have stopped). Called with `_lock` held."""
         old = self.loop.stage_set
+        watch = self._watch
+        fallback = watch.fallback if watch is not None and watch.set is old and watch.fallback is not None else old
         # measured first, then run: the log and the PCR never lag behind what runs. An update whose measurement
         # fails is refused (nothing changed); a rollback goes ahead (it leaves a version that faulted or that the
         # operator wants gone), with an alert that the log still names the version it left
@@ -269,10 +298,11 @@ class HotSwap:
         self.previous = old
         if new not in self.sets:
             self.sets.append(new)
-        self._watch = ((new, self.loop.counters.failsafe, self.loop.counters.frames,
-                        self._rejected_now() if watch_plc else None,
-                        self._rebind_failures_now() if watch_plc else None) if action == "update" else None)
-        deadline = time.monotonic() + self.pickup_timeout_s
+        self._watch = (_Watch(new, self.loop.counters.failsafe, self.loop.counters.frames,
+                              self._rejected_now() if watch_plc else None,
+                              self._rebind_failures_now() if watch_plc else None, fallback)
+                       if action == "update" else None)
+        deadline = time.monotonic() + (self.pickup_timeout_s if pickup else 0.0)
         while new.first_frame < 0 and time.monotonic() < deadline and self.loop.stage_set is new:
             self.between_frames(0.05)  # woken by the loop at a frame's end: no polling next to its frames
         if len(self.sets) > KEPT_SETS:  # freeing an ORT session or a wasm store holds the GIL: right after a frame
@@ -332,8 +362,10 @@ class HotSwap:
         """Keep at most KEPT_SETS stage sets loaded: an older one that is neither running, nor the rollback target,
         nor being watched is dropped, its frame counts folded into `_retired`; a module or model no kept set and
         no per-component rollback (`_prior`) still names is freed with it (a real model is its size per swap)."""
-        watched = self._watch[0] if self._watch is not None else None
-        pinned = {id(self.loop.stage_set), id(self.previous), id(watched)}
+        watch = self._watch
+        pinned = {id(self.loop.stage_set), id(self.previous)}
+        if watch is not None:  # the watched set and where its automatic rollback would go
+            pinned |= {id(watch.set), id(watch.fallback)}
         while len(self.sets) > KEPT_SETS:
             victim = next((st for st in self.sets if id(st) not in pinned), None)
             if victim is None:
@@ -391,7 +423,8 @@ class HotSwap:
             for m in (fallback.pre, fallback.post):
                 if m is not None and m is not getattr(cur, m.stage):
                     self._set_prior(m.name, m)
-            self._watch = (cur, self.loop.counters.failsafe, self.loop.counters.frames, self._rejected_now())
+            self._watch = _Watch(cur, self.loop.counters.failsafe, self.loop.counters.frames, self._rejected_now(),
+                                 None, fallback)
             return fallback
 
     def _check_pin(self, what: str, key: str, path: Path, sha256: str) -> None:
@@ -415,37 +448,45 @@ class HotSwap:
         """`respect_pins` False only for `sitsctl deploy`, which checked the new config's pins before loading (its
         load is also not rolled back for PLC refusals: the deployer confirms it, and telling the PLC about a new
         model is part of the deployment)."""
-        with self._lock, _preparing():
+        with self._prep_lock, _preparing():
             version = self.prepare_module(path, name, expected_sha256)
-            if respect_pins:
-                self._check_pin("module", version.name, path, version.sha256)
-            self._check_certified("module", path, stage_identity(self.loop.stage_set, {version.stage: version}))
-            old = getattr(self.loop.stage_set, version.stage)
-            new = self._next(**{version.stage: version}, label=f"{version.name} v{version.version}")
-            rec = self._activate(new, "update", f"module:{version.stage}", version.name, version.sha256,
-                                 version.prepare_ms, watch_plc=respect_pins, announce="update")
-            self._set_prior(version.name, old)  # only once it runs: a refused update leaves the rollback target
-            return {**rec.as_dict(), "module": version.describe(), "origin": version.origin,
-                    "previous": old.describe() if old else None}
+            if version.cache_refused and self.alerts is not None:  # someone wrote into the cache: say so
+                self.alerts.append((time.time_ns(), "wasm_cache", f"module {version.name} ({version.stage}, "
+                                    f"{version.path.name}): its .cwasm cache entry was refused and the module "
+                                    f"recompiled from its source: {version.cache_refused}", 0, 0))
+            with self._lock:  # the swap: what runs now (a rollback may have run during the preparation)
+                self._refuse_if_failing_watch()
+                if respect_pins:
+                    self._check_pin("module", version.name, path, version.sha256)
+                self._check_certified("module", path, stage_identity(self.loop.stage_set, {version.stage: version}))
+                old = getattr(self.loop.stage_set, version.stage)
+                new = self._next(**{version.stage: version}, label=f"{version.name} v{version.version}")
+                rec = self._activate(new, "update", f"module:{version.stage}", version.name, version.sha256,
+                                     version.prepare_ms, watch_plc=respect_pins, announce="update")
+                self._set_prior(version.name, old)  # only once it runs: a refused update leaves the rollback target
+                return {**rec.as_dict(), "module": version.describe(), "origin": version.origin,
+                        "previous": old.describe() if old else None}
 
     def update_model(self, path: Path, expected_sha256: str | None = None, respect_pins: bool = True) -> dict:
         if getattr(self.loop.stage_set.model, "kind", "mlp") == "streaming":
             # its state is the stream's KV cache, tied to these weights: a new model could not continue it
             raise SwapRefused("model hot swap is not supported for model.kind streaming (the stream's KV state "
                               "belongs to the running weights); change the config and restart sitsd")
-        with self._lock, _preparing():
+        with self._prep_lock, _preparing():
             runner, prepare_ms, report = self.prepare_model(path, expected_sha256)
-            if respect_pins:
-                self._check_pin("model", "model", path, runner.sha256.hex())
-            self._check_certified("model", path, stage_identity(self.loop.stage_set, model_sha256=runner.sha256))
-            cur = self.loop.stage_set
-            new = self._next(model=runner, model_sha256=runner.sha256, model_path=str(path),
-                             label=f"model {runner.sha256.hex()[:12]}")
-            rec = self._activate(new, "update", "model", Path(path).name, runner.sha256.hex(), prepare_ms,
-                                 watch_plc=respect_pins, announce="update")
-            self._prior["model"] = (cur.model, cur.model_sha256, cur.model_path)  # only once it runs
-            return {**rec.as_dict(), "bounds": report,
-                    "previous": {"model": self.previous.model_path, "sha256": self.previous.model_sha256.hex()}}
+            with self._lock:  # the swap: what runs now (a rollback may have run during the proof)
+                self._refuse_if_failing_watch()
+                if respect_pins:
+                    self._check_pin("model", "model", path, runner.sha256.hex())
+                self._check_certified("model", path, stage_identity(self.loop.stage_set, model_sha256=runner.sha256))
+                cur = self.loop.stage_set
+                new = self._next(model=runner, model_sha256=runner.sha256, model_path=str(path),
+                                 label=f"model {runner.sha256.hex()[:12]}")
+                rec = self._activate(new, "update", "model", Path(path).name, runner.sha256.hex(), prepare_ms,
+                                     watch_plc=respect_pins, announce="update")
+                self._prior["model"] = (cur.model, cur.model_sha256, cur.model_path)  # only once it runs
+                return {**rec.as_dict(), "bounds": report,
+                        "previous": {"model": self.previous.model_path, "sha256": self.previous.model_sha256.hex()}}
 
     def rollback(self, component: str | None = None, reason: str = "operator request", force: bool = False) -> dict:
         """Back to the previous set (component None), or only its model / one of its modules. A whole-set
@@ -490,12 +531,21 @@ class HotSwap:
                               f"(updated: {', '.join(self._prior) or 'nothing'})")
         if component == "model":
             model, sha, path = prior
+            if model is cur.model:
+                raise SwapRefused(f"nothing to roll back for the model: the version it would return to ({Path(path).name} "
+                                  f"sha256 {sha.hex()[:16]}…) is the one running (a whole-set rollback brought it "
+                                  "back); `sitsctl versions` shows what runs")
             self._prior["model"] = (cur.model, cur.model_sha256, cur.model_path)  # rolling back again toggles
             new = self._next(model=model, model_sha256=sha, model_path=path, label=f"model {sha.hex()[:12]} (rollback)")
             return self._activate(new, "rollback", "model", Path(path).name, sha.hex(), 0.0, reason,
                                   announce=said).as_dict()
         mod = prior
-        self._set_prior(component, getattr(cur, mod.stage))
+        running = getattr(cur, mod.stage)
+        if running is mod:
+            raise SwapRefused(f"nothing to roll back for {component!r}: the version it would return to (v{mod.version} "
+                              f"sha256 {mod.sha256[:16]}…) is the one running (a whole-set rollback brought it back); "
+                              "`sitsctl versions` shows what runs")
+        self._set_prior(component, running)
         new = self._next(**{mod.stage: mod}, label=f"{mod.name} v{mod.version} (rollback)")
         return self._activate(new, "rollback", f"module:{mod.stage}", mod.name, mod.sha256, 0.0, reason,
                               announce=said).as_dict()
@@ -548,62 +598,92 @@ class HotSwap:
             self._config_watch = None
         return reason
 
+    def _watch_reason(self, watch: _Watch) -> str:
+        """Why the watched set must be rolled back ("" while it looks healthy): a module fault (or
+        MAX_DEADLINE_TRAPS_IN_WATCH deadline traps) in its first WATCH_FRAMES frames, a failed session re-bind,
+        more than half of at least 20 frames sent as fail-safes, or more than half refused by the PLC."""
+        new = watch.set
+        frames = self.loop.counters.frames - watch.frames0
+        failsafes = self.loop.counters.failsafe - watch.failsafe0
+        if new.watch_faults >= 1 or new.watch_traps >= MAX_DEADLINE_TRAPS_IN_WATCH:
+            return (f"{new.watch_traps} module trap(s) in the first {min(new.frames, WATCH_FRAMES)} frames after "
+                    "the swap")
+        if watch.rebinds0 is not None and self._rebind_failures_now() > watch.rebinds0:
+            return ("the PLC refused the session credential that measures it (its re-bind failed and the session "
+                    "ended: does the PLC pin the modules, the model or the config?)")
+        if frames >= 20 and failsafes * 2 > frames:
+            return f"fail-safe rate {failsafes}/{frames} frames after the swap"
+        if (frames >= 20 and self.rejections is not None and watch.rejected0 is not None
+                and (rejected := self.rejections() - watch.rejected0) * 2 > frames):
+            return (f"the PLC refused {rejected} of the commands of {frames} frames after the swap (does it pin "
+                    "another model hash, or distrust what the new version sends?)")
+        return ""
+
+    def _auto_rollback(self, watch: _Watch, reason: str) -> dict:
+        """Back from the watched set to its watch's fallback (the last set that passed its watch), without
+        waiting for a frame; with `_lock` held. Returns the rollback record."""
+        new = watch.set
+        target = watch.fallback if watch.fallback is not None else self.previous
+        if target is None or target is new:
+            raise SwapRefused("nothing to roll back to")
+        rec = self._activate(target, "rollback", "set", target.label or f"generation {target.generation}",
+                             target.model_sha256.hex(), 0.0, f"automatic: {reason}", pickup=False).as_dict()
+        self._auto_left = (new, reason, time.time_ns())
+        self._watch = None
+        self._settle(self.loop.stage_set, f"automatic rollback of generation {new.generation}: {reason}")
+        if self.alerts is not None:
+            self.alerts.append((time.time_ns(), "rollback", f"rolled back generation {new.generation} ({new.label}) "
+                                f"to generation {target.generation} ({target.label}): {reason}", 0, 0))
+        return rec
+
+    def _refuse_if_failing_watch(self) -> None:
+        """Before an update swaps (with `_lock` held): a running set that fails its watch is rolled back first,
+        and the update refused, so it never builds on a version that faulted (the health check runs every
+        50 ms and may not have got to it)."""
+        watch = self._watch
+        if watch is None or watch.set is not self.loop.stage_set:
+            return
+        reason = self._watch_reason(watch)
+        if not reason:
+            return
+        new = watch.set
+        self._auto_rollback(watch, reason)
+        cur = self.loop.stage_set
+        raise SwapRefused(f"generation {new.generation} ({new.label}), which was running, failed its health watch "
+                          f"({reason}) and was rolled back to generation {cur.generation} ({cur.label}); this update "
+                          "was not applied: send it again to apply it to what runs now")
+
     def check_health(self) -> dict | None:
         """Rolls back when the set swapped in last trapped, or sent mostly fail-safes, within its first
-        WATCH_FRAMES frames. Returns the rollback record, or None."""
+        WATCH_FRAMES frames: to the last set that passed its watch (`_Watch.fallback`), so that an update made
+        inside another's watch does not leave the faulty one as the target. Returns the rollback record, or
+        None. Never waits for the swap lock (this runs in the daemon's housekeeping, which feeds the watchdog):
+        a swap in progress holds it for milliseconds, a preparation does not hold it at all."""
         watch = self._watch
         if watch is None:
             return None
-        new, failsafe0, frames0 = watch[:3]
-        watch_rejected = watch[3] if len(watch) > 3 else None  # None: PLC refusals not watched (a deploy's load)
-        watch_rebinds = watch[4] if len(watch) > 4 else None
+        new = watch.set
         if self.loop.stage_set is not new:
             self._watch = None
             return None
-        frames = self.loop.counters.frames - frames0
-        failsafes = self.loop.counters.failsafe - failsafe0
-        reason = ""
-        if new.frames <= WATCH_FRAMES and (new.faults >= 1 or new.traps >= MAX_DEADLINE_TRAPS_IN_WATCH):
-            reason = f"{new.traps} module trap(s) in the first {new.frames} frames after the swap"
-        elif watch_rebinds is not None and self._rebind_failures_now() > watch_rebinds:
-            reason = ("the PLC refused the session credential that measures it (its re-bind failed and the session "
-                      "ended: does the PLC pin the modules, the model or the config?)")
-        elif frames >= 20 and failsafes * 2 > frames:
-            reason = f"fail-safe rate {failsafes}/{frames} frames after the swap"
-        elif (frames >= 20 and self.rejections is not None and watch_rejected is not None
-              and (rejected := self.rejections() - watch_rejected) * 2 > frames):
-            reason = (f"the PLC refused {rejected} of the commands of {frames} frames after the swap (does it pin "
-                      "another model hash, or distrust what the new version sends?)")
-        elif new.frames >= WATCH_FRAMES:
-            # never wait here for an update that is preparing (a model proof can take minutes): this runs in the
-            # daemon's housekeeping, which feeds the watchdog; try again at the next check
-            if not self._lock.acquire(blocking=False):
-                return None
-            try:
-                self._watch = None  # survived its watch window: from now on it is the set a restart should load
-                if self.loop.stage_set is new:
-                    self._settle(new, f"generation {new.generation} ({new.label}) passed its health watch "
-                                 f"({new.frames} frames, {new.traps} traps)")
-            finally:
-                self._lock.release()
+        reason = self._watch_reason(watch)
+        if not reason and new.frames < WATCH_FRAMES:
             return None
-        if not reason:
-            return None
-        if not self._lock.acquire(blocking=False):  # an update is preparing: roll back at the next check
+        if not self._lock.acquire(blocking=False):  # a swap is in progress: look again at the next check
             return None
         try:
-            if self.loop.stage_set is not new:
+            if self._watch is not watch or self.loop.stage_set is not new:
                 return None
-            rec = self._rollback(None, f"automatic: {reason}")
-            self._auto_left = (new, reason, time.time_ns())
-            self._settle(self.loop.stage_set, f"automatic rollback of generation {new.generation}: {reason}")
+            reason = self._watch_reason(watch)  # again under the lock: the counters moved meanwhile
+            if not reason:
+                if new.frames >= WATCH_FRAMES:
+                    self._watch = None  # survived its watch window: from now on it is the set a restart should load
+                    self._settle(new, f"generation {new.generation} ({new.label}) passed its health watch "
+                                 f"({new.frames} frames, {new.traps} traps)")
+                return None
+            return self._auto_rollback(watch, reason)
         finally:
             self._lock.release()
-        self._watch = None
-        if self.alerts is not None:
-            self.alerts.append((time.time_ns(), "rollback", f"rolled back generation {new.generation} ({new.label}): "
-                                f"{reason}", 0, 0))
-        return rec
 
     def versions(self) -> dict:
         """Per-version frame counters: modules by (name, sha256), models by sha256, sets by generation."""
@@ -1060,7 +1140,8 @@ def control_handlers(daemon) -> dict:
             before = (daemon.cfg, daemon.config_path, _config_measured(daemon))
             # measured before it goes live, from the bytes that run (read once); config_path set with the rules,
             # under the reload lock: a refused or unmeasured config changes nothing
-            out = reload(daemon, path, daemon.config_overrides, measure=True, adopt_path=True)
+            out = reload(daemon, path, daemon.config_overrides, measure=True, adopt_path=True,
+                         expected_sha256=req.get("sha256"))  # `update --config FILE --sha256 H`: those bytes only
             if not out.get("reloaded"):
                 raise SwapRefused(out.get("error", "config refused"))
             daemon.previous_config = (*before, daemon.cfg)  # for `sitsctl rollback --config`

@@ -366,7 +366,7 @@ class Persistence:
         import hashlib as _h
 
         from .hotswap import module_limits
-        from .wasm import WasmError, WasmHost, read_source
+        from .wasm import WasmError, WasmHost, source_wasm
 
         host = WasmHost()
         loaded = {}
@@ -380,12 +380,18 @@ class Persistence:
                     if spec.sha256 and spec.sha256 != m["sha256"]:
                         raise PersistedStateError(path, f"the config pins module {name} to sha256 {spec.sha256}, "
                                                   f"the persisted one is {m['sha256']}")
-                    self._hash_matches(path, m["sha256"], lambda p=path: _h.sha256(read_source(p)).hexdigest())
-                    self._signature(path, "module", m["sha256"])
+                    # the file read once: the persisted hash is the wasm's (of a .wat: after converting it), a
+                    # signature covers the file's own bytes (as at startup and in a hot swap), and the host loads
+                    # only bytes with that file hash, so what runs is what both checks saw
+                    data = self._read(path)
+                    file_sha = _h.sha256(data).hexdigest()
+                    self._hash_matches(path, m["sha256"],
+                                       lambda p=path, d=data: _h.sha256(source_wasm(p, d)).hexdigest())
+                    self._signature(path, "module", file_sha)
                     n = len(cfg.model.inputs) if stage == "pre" else len(cfg.model.outputs)
                     try:
                         loaded[stage] = host.load(name, stage, path, n, n, expected_sha256=m["sha256"],
-                                                  limits=module_limits(spec))
+                                                  limits=module_limits(spec), expected_file_sha256=file_sha)
                     except WasmError as exc:  # ABI, width, selftest, golden vectors
                         raise PersistedStateError(path, f"does not load: {exc}") from None
         except BaseException:
@@ -401,6 +407,13 @@ class Persistence:
         return p
 
     @staticmethod
+    def _read(path: Path) -> bytes:
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            raise PersistedStateError(path, f"cannot be read: {exc.strerror}") from None
+
+    @staticmethod
     def _hash_matches(path: Path, want: str, compute) -> None:
         try:
             have = compute()
@@ -411,6 +424,8 @@ class Persistence:
                                       "changed after the update was persisted")
 
     def _signature(self, path: Path, kind: str, sha256: str) -> None:
+        """attestation.require_signatures for a persisted file. `sha256` is the digest its signature covers: a
+        model's as ep names it, a module's *file* bytes (a .wat's text, not the wasm the state file records)."""
         from attestation.signatures import SignatureError
 
         from .signatures import SignaturePolicy
@@ -423,9 +438,10 @@ class Persistence:
     def keep_fallback(self, hotswap) -> None:
         """After a start on persisted updates: load the config's versions of what they replaced (not run), so
         `sitsctl rollback` (and an automatic rollback in the watch of the restored set) returns to them.
-        Best effort: when they do not load, the persisted set runs without a rollback target."""
+        Best effort: when they do not load, the persisted set runs without a rollback target. A module needs its
+        signature (attestation.require_signatures) as at startup: over its file bytes, which the host then loads."""
         from .hotswap import module_limits
-        from .wasm import read_source
+        from .wasm import source_wasm
 
         if self.restored is None:
             return
@@ -442,16 +458,23 @@ class Persistence:
                 host, pre, post = r.modules
                 for spec in cfg.modules:
                     running = pre if spec.stage == "pre" else post
-                    if running.sha256 == hashlib.sha256(read_source(Path(spec.path))).hexdigest():
+                    path = Path(spec.path)
+                    data = self._read(path)
+                    if running.sha256 == hashlib.sha256(source_wasm(path, data)).hexdigest():
                         continue
+                    file_sha = hashlib.sha256(data).hexdigest()
+                    self._signature(path, "module", file_sha)  # checked at startup, but the file may differ now
                     n = len(cfg.model.inputs) if spec.stage == "pre" else len(cfg.model.outputs)
-                    changes[spec.stage] = host.load(spec.name, spec.stage, spec.path, n, n,
-                                                    expected_sha256=spec.sha256, limits=module_limits(spec))
-        except Exception as exc:  # ModelLoadError, WasmError, OSError: the persisted set runs regardless
+                    changes[spec.stage] = host.load(spec.name, spec.stage, path, n, n, expected_sha256=spec.sha256,
+                                                    limits=module_limits(spec), expected_file_sha256=file_sha)
+        except Exception as exc:  # ModelLoadError, WasmError, PersistedStateError: the persisted set runs regardless
             self.log.warning("the config's versions did not load as the rollback target of the persisted updates; "
                              "`sitsctl rollback` has nothing to return to until the next update",
                              error=str(exc).splitlines()[0])
             return
+        report = getattr(self.daemon, "report_cache_refused", None)
+        if report is not None:  # a refused .cwasm entry of a rollback target: the same security event
+            report(changes.get("pre"), changes.get("post"))
         if changes:
             hotswap.keep_fallback("config's versions (before the persisted updates)", **changes)
 

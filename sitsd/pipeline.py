@@ -25,7 +25,7 @@ from plc.frame import Frame
 from .gates.constraints import ConstraintGate
 from .gates.safety import SafetyEnvelope
 from .gates.timestamp import CLOCK, FUTURE, REASONS, STALE, TRANSIT, TimestampGate
-from .hotswap import StageSet
+from .hotswap import WATCH_FRAMES, StageSet
 from .wasm import ModuleTrap
 from .stats import STAGE_INDEX, TimingRing
 
@@ -290,6 +290,9 @@ class ControlLoop:
             st.traps += 1
             if exc.code != "deadline":  # not a preempted call: the module's own fault
                 st.faults += 1
+            if st.frames <= WATCH_FRAMES:  # in the set's health watch, whenever the check comes to look
+                st.watch_traps += 1
+                st.watch_faults += exc.code != "deadline"
             running.traps += 1
             c.module_traps += 1
             self.alerts.append((t_loop, "module", str(exc), frame.publisher_id, frame.sequence_number))

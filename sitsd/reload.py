@@ -163,8 +163,8 @@ def _reload(daemon, path: Path, overrides: dict | None = None, measure: bool = F
         data = read_config_bytes(path)  # once: the signature, the parse and the measurement are of these bytes
         sha = hashlib.sha256(data).hexdigest()
         if expected_sha256 is not None and sha != expected_sha256:
-            raise ReloadRefused(f"{path}: SHA-256 {sha[:16]}… is not the checked {expected_sha256[:16]}… (the file "
-                                "changed since it was checked)")
+            raise ReloadRefused(f"{path}: SHA-256 {sha} is not the expected {expected_sha256} (the file changed "
+                                "since it was checked, or the hash given is another file's: `sha256sum` it)")
         # attestation.require_signatures all: the running policy decides (attestation needs a restart)
         SignaturePolicy.from_config(daemon.cfg).check("config", path, sha)
         new = load_config(path, overrides, data=data)

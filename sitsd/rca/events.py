@@ -42,6 +42,7 @@ _ALERT_KINDS = {
     "rollback": ("update", "update.rollback"),
     "persisted_update": ("update", "update.persisted"),  # a persisted hot swap rejected at start (sitsd/persist.py)
     "update_refused": ("update", "update.refused"),  # `sitsctl update` refused: nothing changed, the old version runs
+    "wasm_cache": ("runtime", "runtime.wasm_cache"),  # a .cwasm entry failed its integrity check: recompiled
     "tpm": ("signer", "signer.tpm"),
     "prover": ("runtime", "runtime.prover"),  # proofs stalled (sitsd/prover.py watch); commands go on unproven
 }

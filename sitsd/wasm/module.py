@@ -76,6 +76,13 @@ def read_source(path: Path, expected_file_sha256: str | None = None) -> bytes:
     if expected_file_sha256 is not None and hashlib.sha256(data).hexdigest() != expected_file_sha256:
         raise WasmError(f"module {path}: the file changed after its signature was checked (SHA-256 "
                         f"{hashlib.sha256(data).hexdigest()[:16]}…, checked {expected_file_sha256[:16]}…); refused")
+    return source_wasm(path, data)
+
+
+def source_wasm(path: Path, data: bytes) -> bytes:
+    """The wasm bytes of a module file's bytes `data` already read (a .wat through wasmtime's WAT parser): for a
+    caller that hashes the file bytes itself (a signature covers those) and must convert the very same bytes."""
+    path = Path(path)
     if path.suffix == ".wat" or not data.startswith(b"\0asm"):
         try:
             return bytes(wasmtime.wat2wasm(data.decode()))
@@ -218,6 +225,11 @@ class ModuleVersion:
     frames: int = 0
     traps: int = 0
     work_ms: float = 0.0  # prepare_ms without those waits
+    # why this load refused the .cwasm cache entry of these wasm bytes (it was recompiled from the source), None
+    # when there was none to refuse: an entry that fails its hash or its HMAC under the device's cache key means
+    # something wrote into the cache, a security event the daemon alerts on (an entry from another wasmtime
+    # build that merely does not deserialize is not one: it is recompiled, and `origin` says so)
+    cache_refused: str | None = None
 
     @property
     def version(self) -> int:
@@ -225,8 +237,8 @@ class ModuleVersion:
 
     def describe(self) -> dict:
         return {"name": self.name, "stage": self.stage, "path": str(self.path), "sha256": self.sha256,
-                "version": self.version, "origin": self.origin, "prepare_ms": round(self.prepare_ms, 3),
-                "work_ms": round(self.work_ms, 3),
+                "version": self.version, "origin": self.origin, "cache_refused": self.cache_refused,
+                "prepare_ms": round(self.prepare_ms, 3), "work_ms": round(self.work_ms, 3),
                 "frames": self.frames, "traps": self.traps}
 
 
@@ -259,15 +271,18 @@ class WasmHost:
     def close(self) -> None:
         self._ticker.close()
 
-    def compile(self, wasm: bytes, sha256: str, label: str) -> tuple[wasmtime.Module, str]:
-        """From the cache when its entry verifies, else compiled (and cached). Returns (module, origin)."""
-        origin = "compiled"
+    def compile(self, wasm: bytes, sha256: str, label: str) -> tuple[wasmtime.Module, str, str | None]:
+        """From the cache when its entry verifies, else compiled (and cached). Returns (module, origin, refused):
+        `refused` is the CacheIntegrityError's text when the cache held an entry that failed its integrity check
+        (hash or HMAC: see ModuleVersion.cache_refused), else None."""
+        origin, refused = "compiled", None
         try:
             cached = self.cache.load(self.engine, sha256)
             if cached is not None:
-                return cached, "cwasm cache"
+                return cached, "cwasm cache", None
         except CacheIntegrityError as exc:
             self.cache.evict(sha256)
+            refused = str(exc)
             origin = f"compiled (cache entry refused: {exc})"
         except wasmtime.WasmtimeError as exc:  # verified bytes from another engine build: recompile
             self.cache.evict(sha256)
@@ -280,7 +295,7 @@ class WasmHost:
             self.cache.store(sha256, module)
         except OSError as exc:  # a read-only cache slows the next load, nothing else
             origin += f" (not cached: {exc})"
-        return module, origin
+        return module, origin, refused
 
     def load(self, name: str, stage: str, path: Path, n_in: int, n_out: int, *,
              expected_sha256: str | None = None, limits: Limits | None = None, between=None,
@@ -302,7 +317,7 @@ class WasmHost:
             raise WasmError(f"{label}: SHA-256 differs from the expected {expected_sha256}; refused")
         golden = self._golden(path, label)
         waited += pause()
-        module, origin = self.compile(wasm, sha, label)
+        module, origin, refused = self.compile(wasm, sha, label)
         waited += pause()
         canary = ModuleInstance(self, module, label, limits)
         if (canary.n_in, canary.n_out) != (n_in, n_out):
@@ -314,7 +329,8 @@ class WasmHost:
         serving = ModuleInstance(self, module, label, limits)  # fresh state for the loop
         warm_up(serving, golden, label)
         total = time.perf_counter_ns() - t0
-        return ModuleVersion(name, stage, path, sha, serving, origin, total / 1e6, work_ms=(total - waited) / 1e6)
+        return ModuleVersion(name, stage, path, sha, serving, origin, total / 1e6, work_ms=(total - waited) / 1e6,
+                             cache_refused=refused)
 
     @staticmethod
     def _golden(path: Path, label: str) -> dict:

@@ -23,18 +23,65 @@ from .test_loop import NOMINAL, build, frame
 from .test_wasm import MISBEHAVE, MODULES, UNREACHABLE, build_without_rate_limits
 
 
-def module_versions(tmp_path, stem: str, versions=(1, 2)) -> list:
-    """Copies of a demo module that differ in their `version` export (so in their SHA-256), each with
-    the module's golden vectors, in directories of their own (same file name: `update` matches by name)."""
+# What each version of a demo module made by module_versions(distinct_outputs=True) adds, so that versions compute
+# observably different commands: (parameter index, mm per version above 1) in its `offset` parameters
+# (PARAMS+0x200, wasm_modules/ABI.md).
+# pre_filter: the roll gap (model input 2; the demo model gives ~0.9 mm of command per mm of gap, so ~1.8e-4 mm per
+# version); post_command: the command itself, 2e-5 mm per version. Both far inside the actuator limits (+-0.15 mm)
+# and, as steps between two frames, far below the envelope's 2 mm/s at 1 kHz (2e-3 mm per frame).
+VERSION_OFFSETS = {"pre_filter": (2, 2e-4), "post_command": (0, 2e-5)}
+OFFSET_PARAMS = 0x300  # PARAMS (0x100) + 0x200: offset[0..n)
+
+
+def version_offset(stem: str, version: int) -> tuple[int, float]:
+    """(parameter index, offset) that version `version` of `stem` adds with distinct_outputs (0.0 for version 1)."""
+    index, step = VERSION_OFFSETS.get(stem, (0, 0.0))
+    return index, (version - 1) * step
+
+
+def module_versions(tmp_path, stem: str, versions=(1, 2), distinct_outputs: bool = False) -> list:
+    """Copies of a demo module that differ in their `version` export (so in their SHA-256), each with its golden
+    vectors, in directories of their own (same file name: `update` matches by name). Version 1 is the committed
+    module byte for byte; the others differ from it by their version number only, unless `distinct_outputs`: then
+    version 2 on also compute differently (VERSION_OFFSETS: a version-dependent offset parameter), and their golden
+    vectors are recomputed with test_wasm's numpy models of the modules."""
+    import struct
+
+    import numpy as np
+
+    from .test_wasm import reference_post, reference_pre
+
+    marker = "(global $version i32 (i32.const 1))"
     src = (MODULES / f"{stem}.wat").read_text()
-    assert "(global $version i32 (i32.const 1))" in src
+    assert marker in src
+    golden = json.loads((MODULES / f"{stem}.golden.json").read_text())
+    ins = [s["in"] for s in golden["steps"]]
     paths = []
     for v in versions:
         d = tmp_path / f"v{v}"
         d.mkdir(parents=True, exist_ok=True)
-        (d / f"{stem}.wat").write_text(src.replace("(global $version i32 (i32.const 1))",
-                                                   f"(global $version i32 (i32.const {v}))"))
-        shutil.copy(MODULES / f"{stem}.golden.json", d / f"{stem}.golden.json")
+        index, off = version_offset(stem, v) if distinct_outputs else (0, 0.0)
+        text = src.replace(marker, f"(global $version i32 (i32.const {v}))")
+        vectors = golden
+        if off:  # the offset parameter (zero in the committed module) as a data segment of its own
+            data = "".join(f"\\{b:02x}" for b in struct.pack("<d", off))
+            assert text.count("\n  (func (export \"version\")") == 1
+            text = text.replace("\n  (func (export \"version\")",
+                                f"\n  (data (i32.const {OFFSET_PARAMS + 8 * index:#x}) \"{data}\")  ;; offset[{index}] "
+                                f"= {off:g}: what version {v} computes differently\n  (func (export \"version\")", 1)
+            if stem == "pre_filter":
+                offset = np.zeros(6)
+                offset[index] = off
+                outs = reference_pre(ins, np.ones(6), offset, np.array([1, 1, 1, .5, .5, .5]))
+            else:
+                outs = reference_post(ins, 1.0, off, 0.05)
+            vectors = {**golden, "description": f"{golden['description']}; version {v}: offset[{index}] = {off:g}",
+                       "steps": [{"in": x, "out": np.asarray(y, dtype=np.float64).tolist()} for x, y in zip(ins, outs)]}
+        (d / f"{stem}.wat").write_text(text)
+        if vectors is golden:
+            shutil.copy(MODULES / f"{stem}.golden.json", d / f"{stem}.golden.json")
+        else:
+            (d / f"{stem}.golden.json").write_text(json.dumps(vectors, indent=1))
         paths.append(d / f"{stem}.wat")
     return paths
 
@@ -66,10 +113,12 @@ def test_100_swaps_under_a_1khz_loop_lose_no_frame_and_count_each_frame_once(hos
     hs = with_modules(loop, host)
     cfg = load_config(EXAMPLE_CONFIG)
     hs.bounds_check = model_bounds_check(lambda: cfg)  # as the daemon: each model proven, in the proof worker
-    pre_paths = module_versions(tmp_path / "pre", "pre_filter")
-    post_paths = module_versions(tmp_path / "post", "post_command")
+    # versions that compute different commands: each command then says which versions made it (frame_versions)
+    pre_paths = module_versions(tmp_path / "pre", "pre_filter", distinct_outputs=True)
+    post_paths = module_versions(tmp_path / "post", "post_command", distinct_outputs=True)
     models = [tmp_path / "rolling_mill_a.onnx", model_variant(tmp_path / "rolling_mill_b.onnx")]
     shutil.copy(DEMO_MODEL, models[0])
+    first = loop.stage_set
     generations = []
     stop = threading.Event()
 
@@ -123,6 +172,60 @@ def test_100_swaps_under_a_1khz_loop_lose_no_frame_and_count_each_frame_once(hos
     verifier.expected_model_sha256 = None  # the last frames ran on either model: check each command's own hash
     last = [verifier.verify(out.envelope).command for out in sent[-3:]]
     assert not any(c.failsafe for c in last) and last[-1].model_sha256 == loop.stage_set.model_sha256
+
+    # each command was computed by the versions of the set that took its frame, none by a mix of two sets: the
+    # versions compute different commands (distinct_outputs), so each command names the (pre, post) versions that
+    # made it, and the set that took the frame (its generation) says which it runs
+    runs = {first.generation: (first.pre.version, first.post.version, first.model_sha256.hex())}
+    pre_v, post_v, model_sha = runs[first.generation]
+    for r in records:  # the swaps in order, each record names the set it made
+        if r["component"] == "model":
+            model_sha = r["sha256"]
+        elif r["module"]["stage"] == "pre":
+            pre_v = r["module"]["version"]
+        else:
+            post_v = r["module"]["version"]
+        runs[r["generation"]] = (pre_v, post_v, model_sha)
+    made_by = frame_versions([out.values[0] for out in sent])
+    for i, (g, out, versions_of_frame) in enumerate(zip(generations, sent, made_by)):
+        assert versions_of_frame == runs[g][:2], (
+            f"frame {i}: command {out.values[0]!r} is what (pre, post) versions {versions_of_frame} compute "
+            f"(None: no combination), but its set, generation {g}, runs {runs[g][:2]}")
+        assert out.model_sha256.hex() == runs[g][2], f"frame {i}: model {out.model_sha256.hex()[:12]}, set {g}"
+    # per-version counters, against the versions each command says made it (not the loop's own bookkeeping)
+    for stage, k in (("pre", 0), ("post", 1)):
+        from_commands = {v: [m[k] for m in made_by].count(v) for v in (1, 2)}
+        counted = {v: sum(e["frames"] for e in versions["modules"].values() if (e["stage"], e["version"]) == (stage, v))
+                   for v in (1, 2)}
+        assert counted == from_commands and all(from_commands.values()), (stage, counted, from_commands)
+    by_model = {}
+    for out in sent:  # the model hash each command carries (the one in its envelope)
+        by_model[out.model_sha256.hex()] = by_model.get(out.model_sha256.hex(), 0) + 1
+    assert {sha: k for sha, k in versions["models"].items() if k} == by_model
+
+
+def frame_versions(commands: list[float]) -> list[tuple[int, int] | None]:
+    """The (pre, post) versions (module_versions, distinct_outputs) whose combination computes each NOMINAL frame's
+    command, or None: pre_filter passes constant inputs through (plus its offset on the roll gap), the model maps
+    them, and post_command adds its offset (both start at their input after the reset of a swap, so no filter state
+    in between). The model runs here on a session of its own: an independent computation of each combination."""
+    import numpy as np
+
+    from ep.session import ModelRunner
+
+    model = ModelRunner(DEMO_MODEL, 6, 1)
+    expected = {}
+    for p in (1, 2):
+        x = np.array(NOMINAL[:6])
+        i, off = version_offset("pre_filter", p)
+        x[i] += off
+        model.input[0, :] = x
+        y = float(model.run()[0][0])
+        for q in (1, 2):
+            expected[(p, q)] = y + version_offset("post_command", q)[1]
+    values = sorted(expected.values())
+    assert min(np.diff(values)) > 1e-5, expected  # the four combinations are told apart with a wide margin
+    return [next((pq for pq, want in expected.items() if abs(c - want) <= 1e-9), None) for c in commands]
 
 
 def test_the_bound_proof_runs_in_the_proof_worker_process_which_is_replaced_when_it_dies(tmp_path):
@@ -195,8 +298,9 @@ def test_a_version_that_sends_mostly_fail_safes_after_a_swap_rolls_back(host, tm
 
     loop, sent, verifier = build_without_rate_limits(deadline_ms=500.0)  # not about deadlines: no timing flake
     cfg = load_config(EXAMPLE_CONFIG)
-    loop.safety = SafetyEnvelope([a.model_copy(update={"on_violation": "failsafe"}) for a in cfg.safety.actuators],
-                                 cfg.model.outputs)
+    # no max_rate: the version rolled back to must not be refused for a step taken < 1 ms after a fail-safe
+    loop.safety = SafetyEnvelope([a.model_copy(update={"on_violation": "failsafe", "max_rate": None})
+                                  for a in cfg.safety.actuators], cfg.model.outputs)
     hs = with_modules(loop, host)
     first = loop.stage_set
     bad_post = MISBEHAVE.with_name("off_by_one_mm.wat")

@@ -20,6 +20,21 @@ MISBEHAVE = REPO / "tests" / "sitsd" / "wasm" / "misbehave.wat"
 SPIN, GROW, UNREACHABLE = 4.4375, 4.3125, 4.1875  # misbehave.wat's triggers (entry_thickness)
 
 
+# The upper bound on a deadline trap: the epoch deadline is ceil(deadline / tick) + 1 ticks away, so the trap comes
+# at most two ticks after the deadline; the slack is for a noisy, shared 2-core VM (a preempted thread, a busy
+# neighbour), not a latency budget (bench/ measures that). With the 40 ms deadlines below, a ticker running 10x
+# slow traps after ~400 ms and fails the bound of 40 + 1 + 200 ms.
+DEADLINE_TRAP_SLACK_MS = 200.0
+
+
+def assert_trap_within_deadline(elapsed_ns: int, deadline_ms: float, tick_ms: float) -> None:
+    """A deadline trap never comes before the deadline, nor much later than its two ticks (plus the VM's slack)."""
+    upper_ms = deadline_ms + 2 * tick_ms + DEADLINE_TRAP_SLACK_MS
+    assert deadline_ms * 1e6 <= elapsed_ns <= upper_ms * 1e6, (
+        f"trapped after {elapsed_ns / 1e6:.1f} ms; a {deadline_ms:g} ms deadline with {tick_ms:g} ms epoch ticks "
+        f"traps between {deadline_ms:g} and {upper_ms:g} ms (is the epoch ticker slow or stalled?)")
+
+
 @pytest.fixture
 def host(tmp_path):
     h = WasmHost(tmp_path / "cache")
@@ -135,12 +150,19 @@ def test_endless_loop_is_stopped_and_the_instance_goes_on(tmp_path, native, fuel
 
 
 def _endless_loop_is_stopped(host, fuel, code):
-    v = host.load("misbehave", "pre", MISBEHAVE, 6, 6, limits=Limits(deadline_ms=2.0, fuel=fuel))
+    # the fuel case keeps a short deadline (its 200,000 instructions run out well before it); the deadline case has
+    # one long enough that a slow ticker shows against the timing slack (DEADLINE_TRAP_SLACK_MS)
+    deadline_ms = 2.0 if fuel is not None else 40.0
+    v = host.load("misbehave", "pre", MISBEHAVE, 6, 6, limits=Limits(deadline_ms=deadline_ms, fuel=fuel))
     inst = v.instance
     inst.input[:] = [SPIN, 3.0, 1.4, 8000.0, 120.0, 2.667]
+    t0 = time.perf_counter_ns()
     with pytest.raises(ModuleTrap) as err:
         inst.process()
+    t1 = time.perf_counter_ns()
     assert err.value.code == code
+    if code == "deadline":  # each ticker, native and Python, ends the call at its deadline, not much later
+        assert_trap_within_deadline(t1 - t0, deadline_ms, host.tick_ms)
     inst.input[:] = NOMINAL[:6]
     inst.process()  # the store is reusable after the trap
     assert np.array_equal(inst.output, NOMINAL[:6])
@@ -167,7 +189,7 @@ def test_the_native_ticker_is_built_and_used_by_default(host, tmp_path):
 def test_a_module_call_keeps_the_gil_and_the_native_deadline_still_stops_it(host):
     # the spinning call holds the GIL (ctypes.PyDLL): a Python thread cannot run during it, so only a ticker
     # that never takes the GIL can end it at its deadline
-    v = host.load("misbehave", "pre", MISBEHAVE, 6, 6, limits=Limits(deadline_ms=20.0, fuel=None))
+    v = host.load("misbehave", "pre", MISBEHAVE, 6, 6, limits=Limits(deadline_ms=40.0, fuel=None))
     inst = v.instance
     inst.input[:] = [SPIN, 3.0, 1.4, 8000.0, 120.0, 2.667]
     with python_thread_stamps() as seen:
@@ -177,9 +199,10 @@ def test_a_module_call_keeps_the_gil_and_the_native_deadline_still_stops_it(host
             inst.process()
         t1 = time.perf_counter_ns()
     assert err.value.code == "deadline"
-    assert t1 - t0 >= 20_000_000  # never before the deadline
+    assert t1 - t0 >= 40_000_000  # never before the deadline
+    assert_trap_within_deadline(t1 - t0, 40.0, host.tick_ms)  # nor much after it: the native ticker kept ticking
     # no Python thread ran during the call: the counter's stamps (every 0.5 ms otherwise) skip the deadline
-    assert max(np.diff(seen)) >= 20_000_000
+    assert max(np.diff(seen)) >= 40_000_000
 
 
 def test_golden_vectors_run_off_the_loop_with_the_gil_released(host, tmp_path):
