@@ -180,6 +180,8 @@ class HotSwap:
         # without holding `_lock`, so a set that traps rolls back while a model is being proven
         self._lock = threading.Lock()
         self._prep_lock = threading.Lock()
+        self._waiters_lock = threading.Lock()
+        self._waiters: dict[threading.Event, int] = {}  # between_frames: threads waiting on each event
         self._watch: _Watch | None = None
         self._config_watch: tuple | None = None  # (Config put live by update --config, failsafe, frame, refused)
         # the set an automatic rollback left, why, and when (wall clock): `rollback` does not run it again
@@ -192,10 +194,21 @@ class HotSwap:
         """Wait until the loop has just finished a frame (or `timeout_s`, when frames pause); returns the ns
         waited. A preparation step that holds the GIL then runs while the loop sleeps until its next frame."""
         t0 = time.perf_counter_ns()
-        done = threading.Event()
-        self.loop.frame_waiter = done
+        # a preparation (under _prep_lock) and a swap or rollback (under _lock) may wait at once: they share the
+        # loop's one waiter slot, and the last of them to stop waiting empties it
+        with self._waiters_lock:
+            done = self.loop.frame_waiter
+            if done is None or done.is_set():
+                done = threading.Event()
+                self.loop.frame_waiter = done
+            self._waiters[done] = self._waiters.get(done, 0) + 1
         done.wait(timeout_s)
-        self.loop.frame_waiter = None
+        with self._waiters_lock:
+            left = self._waiters.pop(done) - 1
+            if left:
+                self._waiters[done] = left
+            elif self.loop.frame_waiter is done:
+                self.loop.frame_waiter = None
         return time.perf_counter_ns() - t0
 
     def _module_slot(self, path: Path, name: str | None) -> tuple[str, str]:

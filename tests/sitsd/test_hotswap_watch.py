@@ -184,3 +184,22 @@ def test_a_model_rollback_that_would_change_nothing_is_refused(tmp_path):
     assert loop.stage_set is first
     with pytest.raises(SwapRefused, match="nothing to roll back for the model.*is the one running"):
         hs.rollback("model")
+
+
+def test_a_preparation_and_a_swap_waiting_for_a_frame_boundary_both_wake_at_it(host):
+    """With preparations outside the swap lock, a preparation step and a rollback can wait for the loop's idle
+    time at once: they share its one waiter slot, and one frame boundary wakes both (not their timeouts)."""
+    loop, sent, verifier, hs = watched_loop(host)
+    waited = []
+    threads = [threading.Thread(target=lambda: waited.append(hs.between_frames(30.0))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while sum(hs._waiters.values()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sum(hs._waiters.values()) == 2 and len(hs._waiters) == 1  # both on one event
+    loop.frame_boundary()
+    for t in threads:
+        t.join(60)
+    assert len(waited) == 2 and max(waited) < 20e9, waited  # woken by the boundary, not after 30 s
+    assert loop.frame_waiter is None and not hs._waiters
