@@ -159,21 +159,25 @@ def build_module(source: Path, output: Path | None = None) -> dict:
     if old_sig is not None and old_sig.sha256 != sha:
         warnings.append(f"{output.name}.sig signs other bytes (sha256 {old_sig.sha256[:16]}…): sign the new binary")
     tmp_out = output.with_name(f".{output.name}.tmp{os.getpid()}")
+    made_golden = False
     try:  # whole or not at all: a reader (`sitsctl sign`, a copy) never sees half a binary
         output.parent.mkdir(parents=True, exist_ok=True)
+        if copy_golden and not out_golden.exists():  # first: a binary is never left without its golden vectors
+            out_golden.write_bytes(src_golden.read_bytes())
+            made_golden = True
         tmp_out.write_bytes(wasm)
         os.replace(tmp_out, output)
-        if copy_golden and not out_golden.exists():
-            out_golden.write_bytes(src_golden.read_bytes())
     except OSError as exc:
         tmp_out.unlink(missing_ok=True)
+        if made_golden:  # nothing written: not the golden vectors either
+            out_golden.unlink(missing_ok=True)
         raise BuildError(f"{exc.filename or output}: cannot write it ({exc.strerror}); pick another -o") from None
 
     nxt = [f"sitsctl sign --authority-key authority.key.pem {output}   (on the signing host: writes "
            f"{output.name}.sig)",
            f"copy {output.name}, {output.name}.sig and {out_golden.name} to the device, into one directory",
-           f"sitsctl update --module {output.name} --name {output.stem} --daemon-config CONFIG   (hot swap, between "
-           "two frames, of the loaded module of that name: the config's modules[].name)",
+           f"sitsctl update --module {output.name} --name NAME --daemon-config CONFIG   (hot swap, between "
+           "two frames, of the loaded module NAME: its modules[].name in the running config)",
            f"or point modules[].path at {output.name} (pin modules[].sha256: {sha}) and `sitsctl deploy --config "
            "CONFIG` (sign the config too under attestation.require_signatures: all)"]
     return {"source": str(source), "wasm": str(output), "sha256": sha, "bytes": len(wasm), "stem": output.stem,

@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 
 # How long `sitsctl update`/`rollback` wait for the daemon's answer. A model's bound proof runs inside the request
-# (up to sitsd.hotswap.PROOF_TIMEOUT_S = 300 s), after a wait for the swap lock and before the swap itself: the CLI
-# waits longer, or it would report a timeout while the daemon goes on and swaps later. A literal, so that sitsctl
+# (up to sitsd.hotswap.PROOF_TIMEOUT_S = 300 s), after a wait of up to PREP_QUEUE_S = 45 s for another update's
+# preparation (then refused) and before the swap itself: the CLI waits longer, or it would report a timeout while
+# the daemon goes on and swaps later. A literal, so that sitsctl
 # does not import the hot-swap machinery; tests/sitsd/test_cli_update_errors.py keeps it above the proof timeout.
 UPDATE_TIMEOUT_S = 360.0
 

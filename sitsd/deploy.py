@@ -362,9 +362,10 @@ def _load_verified(daemon, req: dict, steps: list[_Step]) -> dict:
         before = daemon.loop.stage_set.model
         try:
             daemon.hotswap.update_model(Path(cfg.model.artifact), events[0][2], respect_pins=False)  # new config's
-        finally:
-            if daemon.loop.stage_set.model is not before:
-                steps.append(_Step("model", daemon.loop.stage_set.model))
+        finally:  # a step only for what this deploy put live (not an automatic rollback meanwhile)
+            now = daemon.loop.stage_set
+            if now.model is not before and now.model_sha256.hex() == events[0][2]:
+                steps.append(_Step("model", now.model))
     for stage, (name, sha) in wanted.items():
         if (running[stage].name, running[stage].sha256) != (name, sha):
             spec = next(m for m in cfg.modules if m.stage == stage)
@@ -373,7 +374,7 @@ def _load_verified(daemon, req: dict, steps: list[_Step]) -> dict:
                 daemon.hotswap.update_module(Path(spec.path), spec.name, sha, respect_pins=False)
             finally:
                 now = getattr(daemon.loop.stage_set, stage)
-                if now is not before:
+                if now is not before and now is not None and now.sha256 == sha:  # this deploy's, not a rollback's
                     steps.append(_Step(f"module:{stage}", now, name=now.name))
     log = daemon.measurements
     config_sha = events[-1][2]

@@ -40,6 +40,7 @@ WATCH_FRAMES = 200  # frames after a swap during which a fault or an error spike
 MAX_DEADLINE_TRAPS_IN_WATCH = 3
 
 
+PREP_QUEUE_S = 45.0  # how long an update waits for another one's preparation before it is refused
 KEPT_SETS = 8  # stage sets kept loaded for their counters (the running one and the rollback target always)
 RETIRED_SETS_LISTED = 1000  # retired sets still listed (counters only, ~200 B each) in `sitsctl versions`
 
@@ -102,6 +103,11 @@ class StageSet:
 
 class SwapRefused(Exception):
     """An update that did not pass staging or preparation; the running set is untouched."""
+
+
+class SwapRefusedAfterRollback(SwapRefused):
+    """An update refused because the running set was failing its health watch: that set was rolled back first
+    (so the running set did change, to the last set that passed its watch), and the update was not applied."""
 
 
 @dataclass(slots=True)
@@ -318,8 +324,8 @@ class HotSwap:
         deadline = time.monotonic() + (self.pickup_timeout_s if pickup else 0.0)
         while new.first_frame < 0 and time.monotonic() < deadline and self.loop.stage_set is new:
             self.between_frames(0.05)  # woken by the loop at a frame's end: no polling next to its frames
-        if len(self.sets) > KEPT_SETS:  # freeing an ORT session or a wasm store holds the GIL: right after a frame
-            self.between_frames(0.05)
+        if len(self.sets) > KEPT_SETS and pickup:  # freeing an ORT session or a wasm store holds the GIL: right
+            self.between_frames(0.05)  # after a frame (the automatic rollback leaves it to the next swap)
             self._retire_old_sets()
         rec = SwapRecord(action, component, name, sha, new.generation, old.generation, round(prepare_ms, 3),
                          new.first_frame, reason)
@@ -440,6 +446,20 @@ class HotSwap:
                                  None, fallback)
             return fallback
 
+    @contextlib.contextmanager
+    def _preparation(self):
+        """One preparation at a time (`_prep_lock`). Another update waits up to PREP_QUEUE_S for the one
+        preparing, then is refused: a model's proof can take PROOF_TIMEOUT_S, and `sitsctl update` waits
+        UPDATE_TIMEOUT_S (360 s) for its answer, which must cover this wait and its own proof."""
+        if not self._prep_lock.acquire(timeout=PREP_QUEUE_S):
+            raise SwapRefused(f"another update is still being prepared after {PREP_QUEUE_S:g} s (a model's bound "
+                              "proof can take minutes); try again when it is done (`sitsctl versions` shows the "
+                              "last swaps)")
+        try:
+            yield
+        finally:
+            self._prep_lock.release()
+
     def _check_pin(self, what: str, key: str, path: Path, sha256: str) -> None:
         """A config that pins a hash (model.sha256, modules[].sha256) allows only those bytes, hot swaps too."""
         pin = (self.pins() or {}).get(key) if self.pins is not None else None
@@ -461,7 +481,7 @@ class HotSwap:
         """`respect_pins` False only for `sitsctl deploy`, which checked the new config's pins before loading (its
         load is also not rolled back for PLC refusals: the deployer confirms it, and telling the PLC about a new
         model is part of the deployment)."""
-        with self._prep_lock, _preparing():
+        with self._preparation(), _preparing():
             version = self.prepare_module(path, name, expected_sha256)
             if version.cache_refused and self.alerts is not None:  # someone wrote into the cache: say so
                 self.alerts.append((time.time_ns(), "wasm_cache", f"module {version.name} ({version.stage}, "
@@ -485,7 +505,7 @@ class HotSwap:
             # its state is the stream's KV cache, tied to these weights: a new model could not continue it
             raise SwapRefused("model hot swap is not supported for model.kind streaming (the stream's KV state "
                               "belongs to the running weights); change the config and restart sitsd")
-        with self._prep_lock, _preparing():
+        with self._preparation(), _preparing():
             runner, prepare_ms, report = self.prepare_model(path, expected_sha256)
             with self._lock:  # the swap: what runs now (a rollback may have run during the proof)
                 self._refuse_if_failing_watch()
@@ -658,11 +678,15 @@ class HotSwap:
             return
         reason = self._watch_reason(watch)
         if not reason:
+            if watch.set.frames >= WATCH_FRAMES:  # passed, the health check had not got to it: settle it now, so
+                self._watch = None  # that it is this update's fallback and a restart's set
+                self._settle(watch.set, f"generation {watch.set.generation} ({watch.set.label}) passed its health "
+                             f"watch ({watch.set.frames} frames, {watch.set.traps} traps)")
             return
         new = watch.set
         self._auto_rollback(watch, reason)
         cur = self.loop.stage_set
-        raise SwapRefused(f"generation {new.generation} ({new.label}), which was running, failed its health watch "
+        raise SwapRefusedAfterRollback(f"generation {new.generation} ({new.label}), which was running, failed its health watch "
                           f"({reason}) and was rolled back to generation {cur.generation} ({cur.label}); this update "
                           "was not applied: send it again to apply it to what runs now")
 
@@ -676,16 +700,15 @@ class HotSwap:
         if watch is None:
             return None
         new = watch.set
-        if self.loop.stage_set is not new:
-            self._watch = None
-            return None
-        reason = self._watch_reason(watch)
-        if not reason and new.frames < WATCH_FRAMES:
-            return None
+        if self.loop.stage_set is new and not self._watch_reason(watch) and new.frames < WATCH_FRAMES:
+            return None  # healthy so far (read without the lock: nothing written here)
         if not self._lock.acquire(blocking=False):  # a swap is in progress: look again at the next check
             return None
         try:
-            if self._watch is not watch or self.loop.stage_set is not new:
+            if self._watch is not watch:  # a swap replaced or ended it meanwhile
+                return None
+            if self.loop.stage_set is not new:  # no longer runs (cleared here, under the lock: never a newer watch)
+                self._watch = None
                 return None
             reason = self._watch_reason(watch)  # again under the lock: the counters moved meanwhile
             if not reason:
@@ -1183,6 +1206,10 @@ def control_handlers(daemon) -> dict:
             return {"ok": False, "error": "hot swap is not available before the loop runs"}
         try:
             return await asyncio.to_thread(fn, req)
+        except SwapRefusedAfterRollback as exc:  # the running set did change: it was rolled back
+            daemon.log.error("update refused; the running set failed its health watch and was rolled back",
+                             error=str(exc).splitlines()[0])
+            return {"ok": False, "error": f"refused; the running set was rolled back first: {exc}"}
         except SwapRefused as exc:
             daemon.log.error("update refused; the running version stays", error=str(exc).splitlines()[0])
             return {"ok": False, "error": f"refused, the running version stays: {exc}"}

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from sitsd.hotswap import WATCH_FRAMES, HotSwap, SwapRefused
+from sitsd import hotswap
+from sitsd.hotswap import WATCH_FRAMES, HotSwap, SwapRefused, SwapRefusedAfterRollback
 
 from ..conftest import DEMO_MODEL
 from .test_hotswap import host, model_variant, module_versions, with_modules  # noqa: F401 (host: a fixture)
@@ -103,7 +104,7 @@ def test_an_update_is_refused_while_the_running_set_fails_its_watch_and_that_set
     hs.update_module(misbehaving_pre(tmp_path / "bad"))
     loop.step(frame(1, TRAP))  # trapped; no health check yet
     post_v2 = module_versions(tmp_path / "post", "post_command", versions=(2,))[0]
-    with pytest.raises(SwapRefused, match=r"failed its health watch \(1 module trap.*rolled back to generation 0"
+    with pytest.raises(SwapRefusedAfterRollback, match=r"failed its health watch \(1 module trap.*rolled back to generation 0"
                                           r".*send it again"):
         hs.update_module(post_v2)
     assert loop.stage_set is first and loop.stage_set.post.version == 1
@@ -203,3 +204,47 @@ def test_a_preparation_and_a_swap_waiting_for_a_frame_boundary_both_wake_at_it(h
         t.join(60)
     assert len(waited) == 2 and max(waited) < 20e9, waited  # woken by the boundary, not after 30 s
     assert loop.frame_waiter is None and not hs._waiters
+
+
+def test_a_set_past_its_window_that_the_check_has_not_reached_is_settled_and_becomes_the_fallback(host, tmp_path):
+    """The health check may not have run since the set's 200th frame when the next update comes: that update
+    settles it (persisted, as the check would have) and a fault of the new set rolls back to it, not further."""
+    loop, sent, verifier, hs = watched_loop(host)
+    settled = []
+    hs.on_settled = lambda st, why: settled.append(st.generation)
+    post_v2 = module_versions(tmp_path / "post", "post_command", versions=(2,))[0]
+    hs.update_module(post_v2)
+    passed = loop.stage_set
+    for seq in range(1, WATCH_FRAMES + 31):
+        loop.step(frame(seq))
+    hs.update_module(misbehaving_pre(tmp_path / "bad"))  # no check_health in between
+    assert settled == [passed.generation]
+    loop.step(frame(WATCH_FRAMES + 31, TRAP))
+    back = hs.check_health()
+    assert back is not None and back["generation"] == passed.generation, back
+    assert loop.stage_set is passed and loop.stage_set.post.version == 2
+
+
+def test_the_health_check_never_clears_a_watch_without_the_swap_lock(host, tmp_path):
+    """A swap in progress (holding the lock) has made another set run and is about to write that set's watch:
+    the check must not clear a watch then (it would clear the new one), only look again later."""
+    loop, sent, verifier, hs = watched_loop(host)
+    first = loop.stage_set
+    hs.update_module(misbehaving_pre(tmp_path / "bad"))
+    watch = hs._watch
+    with hs._lock:
+        loop.stage_set = first  # what an activation does first, before it writes its own watch
+        assert hs.check_health() is None
+        assert hs._watch is watch
+    assert hs.check_health() is None and hs._watch is None  # with the lock free: the stale watch ends
+
+
+def test_an_update_waits_a_bounded_time_for_another_preparation_then_is_refused(host, tmp_path, monkeypatch):
+    loop, sent, verifier, hs = watched_loop(host)
+    monkeypatch.setattr(hotswap, "PREP_QUEUE_S", 0.2)
+    post_v2 = module_versions(tmp_path / "post", "post_command", versions=(2,))[0]
+    with hs._prep_lock:  # another update preparing (a model's proof)
+        with pytest.raises(SwapRefused, match="another update is still being prepared after 0.2 s"):
+            hs.update_module(post_v2)
+    assert loop.stage_set.post.version == 1
+    assert hs.update_module(post_v2)["generation"] == loop.stage_set.generation  # once it is done
