@@ -288,7 +288,9 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
         gil_wait = np.where(slept, (np.array(starts) - woke_a) / 1e3, np.nan)
         last_slept = np.maximum.accumulate(np.where(slept, np.arange(n), 0))
         over5 = lat > 5000.0
-        after_kernel_stall = over5 & (np.nan_to_num(kernel_late[last_slept]) >= 4000.0)
+        stalled_kernel = np.nan_to_num(kernel_late[last_slept]) >= 4000.0  # its backlog began with a late wake-up
+        stalled_gil = ~stalled_kernel & (np.nan_to_num(gil_wait[last_slept]) >= 4000.0)  # ... or a wait for the GIL
+        after_kernel_stall = over5 & stalled_kernel
         g = np.array(gens)
         first = np.r_[False, g[1:] != g[:-1]]
         second = np.r_[False, first[:-1]]
@@ -316,6 +318,12 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
             "latency_away_us": _pct(lat[~any_near]), "latency_near_swap_us": _pct(lat[any_near]),
             "latency_at_swap_us": _pct(lat[at_swap]) if at_swap.any() else None,
             "frames_lost_at_swap": int((lost_mask & at_swap).sum()), "at_swap_frames": int(at_swap.sum()),
+            # where the lost frames were, and what began their backlog (the last frame that slept before them)
+            "frames_lost_split": {"near_swap": int((lost_mask & any_near).sum()),
+                                  "away": int((lost_mask & ~any_near).sum()),
+                                  "after_kernel_stall": int((lost_mask & stalled_kernel).sum()),
+                                  "after_gil_wait": int((lost_mask & stalled_gil).sum()),
+                                  "other": int((lost_mask & ~stalled_kernel & ~stalled_gil).sum())},
             "prepare_ms": {"p50": round(float(np.median(all_prep)), 3), "max": round(float(np.max(all_prep)), 3)},
             "model_swaps": part("model"), "module_swaps": part("module"),
             "loop_start_late_max_us": {"away": round(float(wake[~any_near].max()), 1),
@@ -335,6 +343,9 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
                                            f"{deadline_ms:g} ms deadline, or any other reason), or dropped by the "
                                            "timestamp gate as older than "
                                            + (f"{max_age_ms:g} ms" if max_age_ms else "its age limit (none set)"),
+                            "frames_lost_split": "lost frames near a swap (its preparation +- 5 ms) and away; and "
+                                                 "by what began their backlog: the kernel waking the loop >= 4 ms "
+                                                 "late, else a wait >= 4 ms for the GIL after the wake-up, else other",
                             "frames_over_5ms": "command more than 5 ms after the tick (lost under a 5 ms age "
                                                "limit); after_kernel_stall: its backlog began with the kernel "
                                                "waking the loop thread >= 4 ms late",
@@ -425,6 +436,10 @@ def main() -> int:
           f"({ms['swaps']} model, proof {args.proof}; {mo['swaps']} module), {s['frames_lost']} frames lost "
           f"({s['dropped_stale']} stale), {s['late_frames']} late (> 1 period), {x['failsafe']} fail-safes, "
           f"{x['module_traps']} module traps")
+    if s["frames_lost"]:
+        f = s["frames_lost_split"]
+        print(f"  frames lost: {f['near_swap']} near swaps, {f['away']} away; behind a kernel wake-up >= 4 ms late "
+              f"{f['after_kernel_stall']}, behind a wait for the GIL >= 4 ms {f['after_gil_wait']}, other {f['other']}")
     print(f"  every frame on one stage set: {x['frames_in_sets']} frames counted over {x['sets']} sets")
     print(f"  {'latency from tick (µs)':<28}{'p50':>10}{'p99':>10}{'max':>10}")
     print(f"  {'away from swaps':<28}{a['p50']:>10.1f}{a['p99']:>10.1f}{a['max']:>10.1f}")
