@@ -290,6 +290,12 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
         over5 = lat > 5000.0
         stalled_kernel = np.nan_to_num(kernel_late[last_slept]) >= 4000.0  # its backlog began with a late wake-up
         stalled_gil = ~stalled_kernel & (np.nan_to_num(gil_wait[last_slept]) >= 4000.0)  # ... or a wait for the GIL
+        slow_in_backlog = np.zeros(n, dtype=bool)  # ... or a frame of it (itself included) that took >= 4 ms to run
+        longest = 0.0
+        for i in range(n):
+            longest = step_a[i] if slept[i] else max(longest, step_a[i])
+            slow_in_backlog[i] = longest >= 4000.0
+        stalled_step = ~stalled_kernel & ~stalled_gil & slow_in_backlog
         after_kernel_stall = over5 & stalled_kernel
         g = np.array(gens)
         first = np.r_[False, g[1:] != g[:-1]]
@@ -323,7 +329,8 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
                                   "away": int((lost_mask & ~any_near).sum()),
                                   "after_kernel_stall": int((lost_mask & stalled_kernel).sum()),
                                   "after_gil_wait": int((lost_mask & stalled_gil).sum()),
-                                  "other": int((lost_mask & ~stalled_kernel & ~stalled_gil).sum())},
+                                  "after_slow_step": int((lost_mask & stalled_step).sum()),
+                                  "other": int((lost_mask & ~stalled_kernel & ~stalled_gil & ~stalled_step).sum())},
             "prepare_ms": {"p50": round(float(np.median(all_prep)), 3), "max": round(float(np.max(all_prep)), 3)},
             "model_swaps": part("model"), "module_swaps": part("module"),
             "loop_start_late_max_us": {"away": round(float(wake[~any_near].max()), 1),
@@ -345,7 +352,8 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
                                            + (f"{max_age_ms:g} ms" if max_age_ms else "its age limit (none set)"),
                             "frames_lost_split": "lost frames near a swap (its preparation +- 5 ms) and away; and "
                                                  "by what began their backlog: the kernel waking the loop >= 4 ms "
-                                                 "late, else a wait >= 4 ms for the GIL after the wake-up, else other",
+                                                 "late, else a wait >= 4 ms for the GIL after the wake-up, else a frame "
+                                                 "of the backlog that took >= 4 ms to run (see slow_steps), else other",
                             "frames_over_5ms": "command more than 5 ms after the tick (lost under a 5 ms age "
                                                "limit); after_kernel_stall: its backlog began with the kernel "
                                                "waking the loop thread >= 4 ms late",
@@ -439,7 +447,8 @@ def main() -> int:
     if s["frames_lost"]:
         f = s["frames_lost_split"]
         print(f"  frames lost: {f['near_swap']} near swaps, {f['away']} away; behind a kernel wake-up >= 4 ms late "
-              f"{f['after_kernel_stall']}, behind a wait for the GIL >= 4 ms {f['after_gil_wait']}, other {f['other']}")
+              f"{f['after_kernel_stall']}, behind a wait for the GIL >= 4 ms {f['after_gil_wait']}, behind a frame that "
+              f"took >= 4 ms to run {f['after_slow_step']}, other {f['other']}")
     print(f"  every frame on one stage set: {x['frames_in_sets']} frames counted over {x['sets']} sets")
     print(f"  {'latency from tick (µs)':<28}{'p50':>10}{'p99':>10}{'max':>10}")
     print(f"  {'away from swaps':<28}{a['p50']:>10.1f}{a['p99']:>10.1f}{a['max']:>10.1f}")
