@@ -177,6 +177,18 @@ async def serve(path: Path, handlers: dict[str, Callable[[dict], dict | Awaitabl
     return server
 
 
+def recv_line(sock: socket.socket) -> bytes:
+    """One message of the control protocol (a JSON line) from a blocking socket: the bytes up to and including the
+    newline, or what came before the peer closed (no newline at the end then: the caller says it was cut)."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 # Commands whose work the daemon finishes even when the client stopped waiting: a swap can still land after a timeout.
 _SWAPS = frozenset({"update", "rollback"})
 
@@ -192,12 +204,7 @@ def request(path: str | os.PathLike, command: str, timeout_s: float = 3.0, **par
             s.settimeout(timeout_s)
             s.connect(str(path))
             s.sendall(json.dumps({"command": command, **params}).encode() + b"\n")
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
+            data = recv_line(s)
     except FileNotFoundError:
         raise ControlError(f"no control socket at {path}: is sitsd running? (control.socket in its config)") from None
     except TimeoutError:  # socket.timeout; an OSError, so before the clause below

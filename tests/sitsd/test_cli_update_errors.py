@@ -15,7 +15,7 @@ import pytest
 from sitsd import hotswap
 from sitsd.cli import main
 from sitsd.cli_update import UPDATE_TIMEOUT_S
-from sitsd.control import request
+from sitsd.control import recv_line, request
 from sitsd.errors import ControlError
 
 
@@ -43,13 +43,7 @@ class FakeDaemon:
                 continue
             with conn:
                 conn.settimeout(5)
-                data = b""
-                while not data.endswith(b"\n"):
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
-                self.requests.append(json.loads(data))
+                self.requests.append(json.loads(recv_line(conn)))  # the protocol's framing, as sitsctl sends it
                 if self.behaviour == "silent":
                     self._stop.wait(10)  # the client gives up first
                 elif isinstance(self.behaviour, bytes):
