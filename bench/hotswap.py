@@ -81,6 +81,43 @@ MODULES = REPO / "wasm_modules"
 NOMINAL = np.array([4.0, 3.0, 1.4, 8000.0, 120.0, 2.667, 2.0])
 NEAR_NS = 5_000_000
 SLOW_STEP_NS = 2_000_000
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class StealProbe:
+    """What the hypervisor and the guest scheduler took from the loop thread, sampled after each frame (in its
+    slack: no frame's latency includes it; ~6 µs): /proc/stat's per-CPU steal time (ticks of 1/CLK_TCK s: time
+    a vCPU was runnable but the hypervisor ran something else) and the thread's own run delay from
+    /proc/thread-self/schedstat (ns it was runnable but waited in the guest's run queue). Open it on the thread
+    it measures. Absent files (no procfs) give None."""
+
+    def __init__(self):
+        try:
+            self._stat = open("/proc/stat", "rb", buffering=0)
+            self._sched = open("/proc/thread-self/schedstat", "rb", buffering=0)
+        except OSError:
+            self._stat = self._sched = None
+        self.samples: list[tuple[bytes, bytes]] = []
+
+    def sample(self) -> None:
+        if self._stat is None:
+            return
+        self._stat.seek(0)
+        self._sched.seek(0)
+        self.samples.append((self._stat.read(4096), self._sched.read(128)))
+
+    def close(self) -> None:
+        for f in (self._stat, self._sched):
+            if f is not None:
+                f.close()
+
+    @staticmethod
+    def parse(sample: tuple[bytes, bytes]) -> tuple[int, int]:
+        """(steal over all CPUs in ms, the thread's run delay in µs)"""
+        stat, sched = sample
+        steal = sum(int(line.split()[8]) for line in stat.split(b"\n")
+                    if line.startswith(b"cpu") and line[3:4].isdigit())
+        return steal * 1000 // CLK_TCK, int(sched.split()[1]) // 1000
 
 
 def versions(workdir: Path, stem: str) -> list[Path]:
@@ -202,10 +239,12 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
 
         slow: list[tuple[int, int, int, int]] = []  # steps over SLOW_STEP_NS: (wall, cpu, context switches, faults)
         getrusage, RUSAGE_THREAD, thread_time_ns = resource.getrusage, resource.RUSAGE_THREAD, time.thread_time_ns
+        steal_probe: list[StealProbe | None] = [None]
 
         def loop_thread():
             if realtime_priority:  # as runtime.realtime_priority does for the daemon's loop thread
                 os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(realtime_priority))
+            probe = steal_probe[0] = StealProbe()  # opened on this thread: its schedstat is this thread's
             seq, t_first = 0, time.perf_counter_ns() + period_ns
             gil = GilPriority()  # as ControlLoop._run: 0.2 ms switch interval while waiting, the default while running
             while not stop.is_set():
@@ -237,7 +276,9 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
                 step_us.append((t1 - t0) / 1e3)
                 gens.append(loop.last_generation)
                 loop.frame_boundary()  # as the daemon's loop thread does before waiting for its next frame
+                probe.sample()  # after the frame's command: in its slack
             gil.restore()
+            probe.close()
 
         def swapper():
             rng = random.Random(1)
@@ -296,6 +337,9 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
             longest = step_a[i] if slept[i] else max(longest, step_a[i])
             slow_in_backlog[i] = longest >= 4000.0
         stalled_step = ~stalled_kernel & ~stalled_gil & slow_in_backlog
+        events, with_steal = _loss_events(steal_probe[0], lost_mask, last_slept, any_near, due_a, kernel_late,
+                                          gil_wait, step_a)
+        probe_total = _probe_delta(steal_probe[0], 0, n - 1)
         after_kernel_stall = over5 & stalled_kernel
         g = np.array(gens)
         first = np.r_[False, g[1:] != g[:-1]]
@@ -330,7 +374,11 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
                                   "after_kernel_stall": int((lost_mask & stalled_kernel).sum()),
                                   "after_gil_wait": int((lost_mask & stalled_gil).sum()),
                                   "after_slow_step": int((lost_mask & stalled_step).sum()),
-                                  "other": int((lost_mask & ~stalled_kernel & ~stalled_gil & ~stalled_step).sum())},
+                                  "other": int((lost_mask & ~stalled_kernel & ~stalled_gil & ~stalled_step).sum()),
+                                  "with_steal": with_steal},
+            "loss_events": events,
+            "steal_ms": probe_total[0] if probe_total else None,
+            "loop_run_delay_ms": round(probe_total[1] / 1e3, 2) if probe_total else None,
             "prepare_ms": {"p50": round(float(np.median(all_prep)), 3), "max": round(float(np.max(all_prep)), 3)},
             "model_swaps": part("model"), "module_swaps": part("module"),
             "loop_start_late_max_us": {"away": round(float(wake[~any_near].max()), 1),
@@ -353,7 +401,17 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
                             "frames_lost_split": "lost frames near a swap (its preparation +- 5 ms) and away; and "
                                                  "by what began their backlog: the kernel waking the loop >= 4 ms "
                                                  "late, else a wait >= 4 ms for the GIL after the wake-up, else a frame "
-                                                 "of the backlog that took >= 4 ms to run (see slow_steps), else other",
+                                                 "of the backlog that took >= 4 ms to run (see slow_steps), else other; "
+                                                 "with_steal: lost frames whose backlog (from the end of the frame "
+                                                 "before it to its last frame) saw hypervisor steal time on the box",
+                            "loss_events": "one per backlog with lost frames: its first frame's time into the run, "
+                                           "frames lost, near a swap or not, the kernel's late wake-up and the GIL "
+                                           "wait that began it, its longest step, and over its span the steal time "
+                                           "(/proc/stat, all vCPUs, 1/CLK_TCK s resolution) and the loop thread's "
+                                           "run delay in the guest (/proc/thread-self/schedstat)",
+                            "steal_ms": "hypervisor steal time on all vCPUs during the run (/proc/stat)",
+                            "loop_run_delay_ms": "time the loop thread was runnable but waited in the guest's run "
+                                                 "queue during the run",
                             "frames_over_5ms": "command more than 5 ms after the tick (lost under a 5 ms age "
                                                "limit); after_kernel_stall: its backlog began with the kernel "
                                                "waking the loop thread >= 4 ms late",
@@ -382,6 +440,34 @@ def run(swaps: int, rate_hz: float, realtime_priority: int | None = None, model_
     finally:
         host.close()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _probe_delta(probe: StealProbe | None, i: int, j: int) -> tuple[int, int] | None:
+    """(steal ms, run delay µs) from sample i to sample j (samples are taken after each frame)."""
+    if probe is None or not probe.samples:
+        return None
+    a, b = StealProbe.parse(probe.samples[max(i, 0)]), StealProbe.parse(probe.samples[min(j, len(probe.samples) - 1)])
+    return b[0] - a[0], b[1] - a[1]
+
+
+def _loss_events(probe, lost, last_slept, near, due, kernel_late, gil_wait, step_us) -> tuple[list[dict], int | None]:
+    """Lost frames grouped by the backlog they sit in (the frames since the last one the loop slept for)."""
+    events, with_steal = [], 0
+    onsets = sorted({int(last_slept[i]) for i in np.flatnonzero(lost)})
+    for k in onsets:
+        members = np.flatnonzero(last_slept == k)
+        end = int(members[-1])
+        d = _probe_delta(probe, k - 1, end)  # from the end of the frame before the backlog to its last frame
+        n_lost = int(lost[members].sum())
+        if d and d[0] > 0:
+            with_steal += n_lost
+        events.append({"at_s": round(float(due[k] - due[0]) / 1e9, 3), "frames": len(members), "lost": n_lost,
+                       "near_swap": bool(near[members].any()),
+                       "kernel_late_ms": round(float(np.nan_to_num(kernel_late[k])) / 1e3, 2),
+                       "gil_wait_ms": round(float(np.nan_to_num(gil_wait[k])) / 1e3, 2),
+                       "longest_step_ms": round(float(step_us[members].max()) / 1e3, 2),
+                       "steal_ms": d[0] if d else None, "run_delay_ms": round(d[1] / 1e3, 2) if d else None})
+    return events[:20], (with_steal if probe is not None and probe.samples else None)
 
 
 def _slow_steps(slow: list[tuple[int, int, int, int]]) -> dict:
@@ -448,7 +534,15 @@ def main() -> int:
         f = s["frames_lost_split"]
         print(f"  frames lost: {f['near_swap']} near swaps, {f['away']} away; behind a kernel wake-up >= 4 ms late "
               f"{f['after_kernel_stall']}, behind a wait for the GIL >= 4 ms {f['after_gil_wait']}, behind a frame that "
-              f"took >= 4 ms to run {f['after_slow_step']}, other {f['other']}")
+              f"took >= 4 ms to run {f['after_slow_step']}, other {f['other']}"
+              + (f"; {f['with_steal']} with hypervisor steal time in their backlog" if f["with_steal"] is not None else ""))
+        for e in s["loss_events"]:
+            print(f"    at {e['at_s']:.3f} s: {e['lost']} of {e['frames']} frames lost{' near a swap' if e['near_swap'] else ''}; "
+                  f"woken {e['kernel_late_ms']:.1f} ms late, GIL wait {e['gil_wait_ms']:.1f} ms, longest step "
+                  f"{e['longest_step_ms']:.1f} ms; steal {e['steal_ms']} ms, run delay {e['run_delay_ms']} ms")
+    if s["steal_ms"] is not None:
+        print(f"  hypervisor steal during the run: {s['steal_ms']} ms (all vCPUs); the loop thread waited "
+              f"{s['loop_run_delay_ms']} ms in the guest's run queue")
     print(f"  every frame on one stage set: {x['frames_in_sets']} frames counted over {x['sets']} sets")
     print(f"  {'latency from tick (µs)':<28}{'p50':>10}{'p99':>10}{'max':>10}")
     print(f"  {'away from swaps':<28}{a['p50']:>10.1f}{a['p99']:>10.1f}{a['max']:>10.1f}")
