@@ -10,8 +10,16 @@
  * through ctypes.PyDLL) while the epoch deadline still interrupts a runaway module.
  *
  * The function and the engine are passed as addresses (from wasmtime-py's ctypes bindings), so this file
- * links against nothing but libc. The Python object keeps the engine alive (EpochTicker holds it) and joins
- * the thread before the engine can go.
+ * links against nothing but libc. The Ticker also takes the Python Engine object (`owner`) and holds a strong
+ * reference to it until its thread is joined (close() or dealloc), so the engine cannot be freed under the
+ * thread. The type is deliberately not GC-tracked: the cycle collector would otherwise see the engine as
+ * reachable only through the ticker and could run wasmtime's Engine.__del__ (which frees the native engine)
+ * before the ticker's dealloc joins the thread, which is what happened at interpreter exit after an uncaught
+ * exception (SIGSEGV on the next tick) when the ticker held only the raw pointer.
+ *
+ * Schedule: absolute wake-ups, but the next one is computed from max(scheduled, now) after each tick, so two
+ * increments are always at least one period apart (a late wake-up delays the following ticks instead of
+ * being caught up). An epoch deadline of n ticks therefore never fires before (n - 1) periods have passed.
  *
  * sleep_until(t_ns): sleeps until CLOCK_MONOTONIC (time.perf_counter_ns on Linux) reaches t_ns with the GIL
  * released, and returns when the kernel woke the thread (read before the GIL is taken back). The caller
@@ -37,9 +45,11 @@ typedef struct {
     int started;
     int stop;                 /* atomic */
     unsigned long long ticks; /* atomic: increments done */
-    unsigned long long resyncs; /* atomic: times the thread woke more than one period late and skipped ahead */
+    unsigned long long resyncs; /* atomic: times the thread woke more than one period late */
+    long long min_gap_ns;     /* atomic: the shortest time between two wake-ups that ticked (-1: fewer than two) */
     increment_fn fn;
     void *engine;
+    PyObject *owner;          /* the Python Engine: a strong reference, dropped after the join */
     long period_ns;
 } Ticker;
 
@@ -55,49 +65,72 @@ static long long diff_ns(const struct timespec *a, const struct timespec *b) {
     return (long long)(a->tv_sec - b->tv_sec) * 1000000000LL + (a->tv_nsec - b->tv_nsec);
 }
 
+static long long ts_ns(const struct timespec *t) {
+    return (long long)t->tv_sec * 1000000000LL + t->tv_nsec;
+}
+
+/* The next wake-up after a tick done by `now_ns` that was scheduled for `scheduled_ns`: one period after the
+   later of the two, so the next tick is never less than a period after this one, however late this one was. */
+static long long next_wake_ns(long long scheduled_ns, long long now_ns, long long period_ns) {
+    return (now_ns > scheduled_ns ? now_ns : scheduled_ns) + period_ns;
+}
+
 static void *ticker_main(void *arg) {
     Ticker *t = (Ticker *)arg;
-    struct timespec next, now;
+    struct timespec next, now, woke;
+    long long last_woke = -1;
     /* a 1 us timer slack keeps the tick close to its period (field notes: the default 50 us slack and the
        scheduler made a 0.5 ms Python ticker overshoot by up to 418 us at p99) */
     prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
     clock_gettime(CLOCK_MONOTONIC, &next);
+    add_ns(&next, t->period_ns);
     while (!__atomic_load_n(&t->stop, __ATOMIC_ACQUIRE)) {
-        add_ns(&next, t->period_ns);
         int rc;
         do {
             rc = clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &next, NULL);
         } while (rc == EINTR);
         if (__atomic_load_n(&t->stop, __ATOMIC_ACQUIRE))
             break;
+        clock_gettime(CLOCK_MONOTONIC, &woke);
         t->fn(t->engine);
         __atomic_add_fetch(&t->ticks, 1ULL, __ATOMIC_RELAXED);
         clock_gettime(CLOCK_MONOTONIC, &now);
-        /* woken more than a period late (a stopped VM, a suspended box): go on from now instead of
-           catching up with a burst of increments, so a deadline never fires early */
-        if (diff_ns(&now, &next) > t->period_ns) {
-            next = now;
-            __atomic_add_fetch(&t->resyncs, 1ULL, __ATOMIC_RELAXED);
+        if (last_woke >= 0) {
+            long long gap = ts_ns(&woke) - last_woke, min = __atomic_load_n(&t->min_gap_ns, __ATOMIC_RELAXED);
+            if (min < 0 || gap < min)
+                __atomic_store_n(&t->min_gap_ns, gap, __ATOMIC_RELAXED);
         }
+        last_woke = ts_ns(&woke);
+        /* woken more than a period late (a stopped VM, a suspended box): counted */
+        if (diff_ns(&now, &next) > t->period_ns)
+            __atomic_add_fetch(&t->resyncs, 1ULL, __ATOMIC_RELAXED);
+        /* never catch up: the next tick is a full period after this one (read after the increment), so a
+           deadline never fires early, only late by the wake-up latencies */
+        long long n = next_wake_ns(ts_ns(&next), ts_ns(&now), t->period_ns);
+        next.tv_sec = (time_t)(n / 1000000000LL);
+        next.tv_nsec = (long)(n % 1000000000LL);
     }
     return NULL;
 }
 
+/* Stops and joins the thread, then drops the engine reference (never before the join). */
 static void ticker_join(Ticker *t) {
-    if (!t->started)
-        return;
-    __atomic_store_n(&t->stop, 1, __ATOMIC_RELEASE);
-    Py_BEGIN_ALLOW_THREADS
-    pthread_join(t->thread, NULL);
-    Py_END_ALLOW_THREADS
-    t->started = 0;
+    if (t->started) {
+        __atomic_store_n(&t->stop, 1, __ATOMIC_RELEASE);
+        Py_BEGIN_ALLOW_THREADS
+        pthread_join(t->thread, NULL);
+        Py_END_ALLOW_THREADS
+        t->started = 0;
+    }
+    Py_CLEAR(t->owner);
 }
 
 static int Ticker_init(Ticker *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"increment", "engine", "period_ns", NULL};
+    static char *kwlist[] = {"increment", "engine", "period_ns", "owner", NULL};
     unsigned long long fn_addr, engine_addr;
     long period_ns;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KKl", kwlist, &fn_addr, &engine_addr, &period_ns))
+    PyObject *owner;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KKlO", kwlist, &fn_addr, &engine_addr, &period_ns, &owner))
         return -1;
     if (self->started) {
         PyErr_SetString(PyExc_RuntimeError, "ticker already started");
@@ -117,6 +150,9 @@ static int Ticker_init(Ticker *self, PyObject *args, PyObject *kwds) {
     self->stop = 0;
     self->ticks = 0;
     self->resyncs = 0;
+    self->min_gap_ns = -1;
+    Py_INCREF(owner);
+    Py_XSETREF(self->owner, owner); /* held before the thread starts, dropped after it is joined */
     /* the thread takes no signals: CPython handles them on its main thread */
     sigset_t all, old;
     sigfillset(&all);
@@ -124,6 +160,7 @@ static int Ticker_init(Ticker *self, PyObject *args, PyObject *kwds) {
     int rc = pthread_create(&self->thread, NULL, ticker_main, self);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0) {
+        Py_CLEAR(self->owner);
         PyErr_Format(PyExc_OSError, "cannot start the epoch ticker thread: %s", strerror(rc));
         return -1;
     }
@@ -154,6 +191,19 @@ static PyObject *Ticker_get_running(Ticker *self, void *closure) {
     return PyBool_FromLong(self->started);
 }
 
+static PyObject *Ticker_get_min_gap_ns(Ticker *self, void *closure) {
+    long long v = __atomic_load_n(&self->min_gap_ns, __ATOMIC_RELAXED);
+    if (v < 0)
+        Py_RETURN_NONE;
+    return PyLong_FromLongLong(v);
+}
+
+static PyObject *Ticker_get_owner(Ticker *self, void *closure) {
+    if (self->owner == NULL)
+        Py_RETURN_NONE;
+    return Py_NewRef(self->owner);
+}
+
 static PyMethodDef Ticker_methods[] = {
     {"close", (PyCFunction)Ticker_close, METH_NOARGS, "Stop the thread and wait for it (at most one period)."},
     {NULL, NULL, 0, NULL},
@@ -161,16 +211,20 @@ static PyMethodDef Ticker_methods[] = {
 
 static PyGetSetDef Ticker_getset[] = {
     {"ticks", (getter)Ticker_get_ticks, NULL, "epoch increments done so far", NULL},
-    {"resyncs", (getter)Ticker_get_resyncs, NULL, "wake-ups more than one period late (skipped ahead)", NULL},
+    {"resyncs", (getter)Ticker_get_resyncs, NULL, "wake-ups more than one period late", NULL},
     {"running", (getter)Ticker_get_running, NULL, "whether the thread runs", NULL},
+    {"min_gap_ns", (getter)Ticker_get_min_gap_ns, NULL,
+     "the shortest time between two ticking wake-ups so far, ns (None before the second tick)", NULL},
+    {"owner", (getter)Ticker_get_owner, NULL, "the engine object held until the thread is joined (None after)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyTypeObject TickerType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "sitsd._native.Ticker",
-    .tp_doc = PyDoc_STR("Ticker(increment, engine, period_ns): calls increment(engine) every period_ns on a "
-                        "native thread that never takes the GIL."),
+    .tp_doc = PyDoc_STR("Ticker(increment, engine, period_ns, owner): calls increment(engine) every period_ns "
+                        "(at least) on a native thread that never takes the GIL; holds `owner` (the Python Engine "
+                        "object behind the `engine` address) until the thread is joined."),
     .tp_basicsize = sizeof(Ticker),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = PyType_GenericNew,
@@ -203,7 +257,17 @@ static PyObject *sleep_until(PyObject *module, PyObject *arg) {
     return PyLong_FromLongLong((long long)woke.tv_sec * 1000000000LL + woke.tv_nsec);
 }
 
+static PyObject *next_wake(PyObject *Py_UNUSED(module), PyObject *args) {
+    long long scheduled, now, period;
+    if (!PyArg_ParseTuple(args, "LLL", &scheduled, &now, &period))
+        return NULL;
+    return PyLong_FromLongLong(next_wake_ns(scheduled, now, period));
+}
+
 static PyMethodDef native_functions[] = {
+    {"next_wake", next_wake, METH_VARARGS,
+     PyDoc_STR("next_wake(scheduled_ns, now_ns, period_ns) -> ns: the ticker's next wake-up after a tick scheduled "
+               "for scheduled_ns and done by now_ns (the schedule the thread follows, for tests).")},
     {"sleep_until", sleep_until, METH_O,
      PyDoc_STR("sleep_until(t_ns) -> woke_ns: sleep until CLOCK_MONOTONIC reaches t_ns, GIL released; returns "
                "the time the kernel woke the thread, read before the GIL is taken back.")},

@@ -91,8 +91,8 @@ def _cmd_update(args) -> int:
         if prev:
             print(f"  previous kept for rollback: {prev.get('name', prev.get('model'))} sha256 {_short(prev.get('sha256'))}"
                   " (sitsctl rollback)")
-    if answer.get("pcr"):
-        print(f"  measurement log extended, PCR value {_short(answer['pcr'])}")
+    if answer.get("pcr"):  # the log's value after the command (nothing new is measured for the same config bytes)
+        print(f"  measurement PCR value now {_short(answer['pcr'])}")
     return 0
 
 

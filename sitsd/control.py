@@ -21,6 +21,7 @@ from .errors import ControlError
 
 # Commands any client that can open the socket may run; every other command (reload, update,
 # rollback, stop, deploy, and any command added later) needs the operator role.
+READ_LIMIT = 1 << 20  # bytes of one request line (a deploy request names paths and hashes: far below)
 READ_ONLY = frozenset({"status", "events", "diagnose", "versions"})
 
 
@@ -146,10 +147,21 @@ async def serve(path: Path, handlers: dict[str, Callable[[dict], dict | Awaitabl
         except OSError:
             peer = None
         try:
-            while line := await reader.readline():
+            while True:
+                try:
+                    line = await reader.readline()
+                except ValueError:  # longer than the stream's limit: answered, then the connection is closed
+                    writer.write(encode_answer({"ok": False, "error": f"bad request: longer than {READ_LIMIT} "
+                                                "bytes (a request is one JSON line)"}) + b"\n")
+                    await writer.drain()
+                    break
+                if not line:
+                    break
                 try:
                     req = json.loads(line)
                     command = req.get("command")
+                    if not isinstance(command, str):
+                        raise ValueError(f"\"command\" must be a string, got {type(command).__name__}")
                     refused = access.check(command, peer) if command in handlers else None
                     if command not in handlers:
                         answer = {"ok": False, "error": f"unknown command {command!r}; known: {', '.join(handlers)}"}
@@ -164,6 +176,8 @@ async def serve(path: Path, handlers: dict[str, Callable[[dict], dict | Awaitabl
                         answer = {"ok": True, **answer}
                 except (ValueError, AttributeError) as exc:
                     answer = {"ok": False, "error": f"bad request: {exc}"}
+                except Exception as exc:  # a handler's failure is answered; the connection and the daemon go on
+                    answer = {"ok": False, "error": f"failed: {exc!r}"}
                 writer.write(encode_answer(answer))
                 writer.write(b"\n")
                 await writer.drain()
@@ -172,8 +186,13 @@ async def serve(path: Path, handlers: dict[str, Callable[[dict], dict | Awaitabl
         finally:
             writer.close()
 
-    server = await asyncio.start_unix_server(handle, path=str(path))
+    server = await asyncio.start_unix_server(handle, path=str(path), limit=READ_LIMIT)
     os.chmod(path, 0o660)
+    if access._gid is not None:  # control.operator_group may open it (mode 0660) without the daemon's group
+        try:
+            os.chown(path, -1, access._gid)
+        except OSError:  # not permitted (not root, not a member): members reach it only through the daemon's group
+            pass
     return server
 
 

@@ -120,7 +120,9 @@ class Daemon:
         self.link: PlcLink | None = None
         # the PLC link (sitsd/plc_link.py): losses however noticed, reconnects, commands not sent meanwhile
         self._link_lost: asyncio.Event | None = None
-        self._reload_lock = threading.Lock()  # SIGHUP and `sitsctl reload` never apply two configs at once
+        # SIGHUP, `sitsctl reload`, update/rollback --config and deploy never apply two configs at once (reentrant:
+        # a config rollback holds it from its check to its restore, which takes it again)
+        self._reload_lock = threading.RLock()
         self._in_flight: Outgoing | None = None  # the command the writer is sending (drained before stopping)
         self.link_losses = 0
         self.link_reconnects = 0
@@ -129,6 +131,7 @@ class Daemon:
         self._link_down_since: float | None = None
         self._frame_progress_at = time.monotonic()
         self._frame_stall: dict | None = None  # {"since": monotonic, "escalations": n} while no frame comes
+        self._config_rollback: asyncio.Task | None = None  # an automatic config rollback in progress (housekeeping)
         self._aio: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._queue: asyncio.Queue | None = None
@@ -679,9 +682,10 @@ class Daemon:
 
         try:
             out = await asyncio.to_thread(rollback_config, self)
-        except SwapRefused as exc:
-            self._alert("rollback", f"config update failed its health watch ({reason}), but rolling it back was "
-                        f"refused: {exc}; the updated config keeps running")
+        except Exception as exc:  # SwapRefused, or its measurement failed (MeasurementError): nothing changed
+            what = "refused" if isinstance(exc, SwapRefused) else f"failed ({exc!r})"
+            self._alert("rollback", f"config update failed its health watch ({reason}), but rolling it back "
+                        f"{what}: {exc}; the updated config keeps running")
             self.log.error("automatic config rollback refused", reason=reason, error=str(exc))
             return
         self._alert("rollback", f"config update rolled back to {out['config']}: {reason}")
@@ -698,7 +702,9 @@ class Daemon:
                 try:
                     await asyncio.to_thread(self.hotswap.check_health)
                     if (reason := self.hotswap.config_health(self.cfg)) is not None:
-                        await self._roll_back_config(reason)
+                        # a task: the rollback's proof may wait for another proof (minutes); housekeeping goes on
+                        self._config_rollback = asyncio.create_task(self._roll_back_config(reason),
+                                                                    name="config-rollback")
                 except Exception as exc:  # never the end of housekeeping (it feeds the watchdog, drains the audit)
                     self.log.error("hot swap health check failed", error=repr(exc))
             if self.cfg is not running_cfg:
@@ -960,17 +966,20 @@ class Daemon:
                 self.log.info("prover recovered", detail=text, stalls=service.stalls, **service.counters())
 
     async def _watch_ptp(self) -> None:
-        """Poll linuxptp; with policy drop/failsafe an unlocked clock closes the timestamp gate."""
-        ptp = self.cfg.timing.ptp
-        if ptp.enabled == "off":
-            return
+        """Poll linuxptp; with policy drop/failsafe an unlocked clock closes the timestamp gate. The section is
+        read again at each poll, so a reload's timing.ptp (enabled, uds, max_offset_ns, policy, poll_s) applies
+        from the next one; policy warn or enabled off opens the gate."""
         last = None
         while True:
+            ptp = self.cfg.timing.ptp
+            if ptp.enabled == "off":
+                self.loop.ts_gate.clock_ok, last = True, None
+                await asyncio.sleep(1.0)  # looks again: a reload may turn it on
+                continue
             status = await asyncio.to_thread(query_pmc, ptp.uds)
             self.ptp_status = status
             ok = status.locked(ptp.max_offset_ns) or (not status.available and ptp.enabled == "auto")
-            if ptp.policy != "warn":
-                self.loop.ts_gate.clock_ok = ok
+            self.loop.ts_gate.clock_ok = ok if ptp.policy != "warn" else True
             if ok != last:
                 if ok:
                     self.log.info("clock synchronisation", ptp=status.describe(ptp.max_offset_ns))

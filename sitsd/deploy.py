@@ -121,27 +121,29 @@ def _is_current(daemon, step: _Step) -> bool:
     return getattr(st, step.component.split(":", 1)[1]) is step.current
 
 
-def _restore_config(daemon, old_cfg, old_path, old_measured) -> None:
+def _restore_config(daemon, old_cfg, old_path, old_measured, proven_set=None) -> None:
     """The rules object that ran before (not the file re-read: deploying an edited config in place names
     the same path with new bytes), under the reload lock; measured as `rollback:config` before it goes live (a
     failed measurement raises with the newer rules still running and measured). Without a measurement of the old
     config (`old_measured` None: it ran before any config was measured), the event names the old file with the
     digest of its live sections (live_config_sha256): no file's SHA-256, so a PLC pinning a config refuses it rather
-    than believe the newer config still runs."""
+    than believe the newer config still runs. `proven_set`: the stage set whose model the old rules were just
+    proven for; ReloadRefused (nothing changed) unless its model still runs (see reload.swap_locked)."""
     import threading
 
-    from .reload import commit, prepare
+    from .reload import commit, prepare, swap_locked
 
     log = getattr(daemon, "measurements", None)
     with getattr(daemon, "_reload_lock", None) or threading.Lock():
         new = daemon.cfg
         prepared = prepare(daemon, old_cfg)
-        if log is not None:
-            event = old_measured if old_measured is not None else (
-                Path(old_path).name if old_path is not None else "config", live_config_sha256(old_cfg))
-            log.record("rollback:config", *event)
-        commit(daemon, prepared)
-        daemon.config_path = old_path
+        with swap_locked(daemon, proven_set):
+            if log is not None:
+                event = old_measured if old_measured is not None else (
+                    Path(old_path).name if old_path is not None else "config", live_config_sha256(old_cfg))
+                log.record("rollback:config", *event)
+            commit(daemon, prepared)
+            daemon.config_path = old_path
     if new.logging != old_cfg.logging:
         from .log import configure
 

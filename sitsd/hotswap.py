@@ -42,6 +42,8 @@ MAX_DEADLINE_TRAPS_IN_WATCH = 3
 
 PREP_QUEUE_S = 45.0  # how long an update waits for another one's preparation before it is refused
 KEPT_SETS = 8  # stage sets kept loaded for their counters (the running one and the rollback target always)
+SWAP_THREADS = 2  # control-socket updates and rollbacks run on these (one prepares, one can roll back meanwhile)
+MAX_SWAP_REQUESTS = 4  # updates/rollbacks in progress (running or queued) before another is refused at once
 RETIRED_SETS_LISTED = 1000  # retired sets still listed (counters only, ~200 B each) in `sitsctl versions`
 
 
@@ -105,6 +107,11 @@ class SwapRefused(Exception):
     """An update that did not pass staging or preparation; the running set is untouched."""
 
 
+class AutoRollbackRefused(SwapRefused):
+    """The automatic rollback's target may not run (its model is not proven inside the running config's rules);
+    the set that failed its watch keeps running, with a `rollback` alert that says so."""
+
+
 class SwapRefusedAfterRollback(SwapRefused):
     """An update refused because the running set was failing its health watch: that set was rolled back first
     (so the running set did change, to the last set that passed its watch), and the update was not applied."""
@@ -149,8 +156,16 @@ class HotSwap:
     def __init__(self, loop, host: WasmHost | None, *, n_inputs: int, n_outputs: int, bounds_check=None,
                  measure=None, alerts=None, module_specs: dict | None = None, pickup_timeout_s: float = 2.0,
                  provider: str = "cpu", rejections=None, rebind_failures=None,
-                 signatures=None, on_settled=None, pins=None, certified: tuple | None = None) -> None:
+                 signatures=None, on_settled=None, pins=None, certified: tuple | None = None, rules=None) -> None:
         self.loop = loop
+        # () -> the running config's rules a model's bound proof depends on (rules_of(cfg)), or None (no config:
+        # every model counts as proven). A model runs only under rules it was proven for: `_proven` holds, per
+        # model hash, the rules it was proven inside (at its update, by a reload's proof, or trusted at start)
+        self.rules = rules
+        self._proven: dict[bytes, list] = {}
+        # measurement events of a rollback whose measurement failed (it went ahead): measured before anything else
+        # at the next swap or health check, so the log catches up with what runs, in order
+        self._owed: list[tuple[str, str, str]] = []
         # attestation.certify_session: the identity (stage_identity) of the set the TPM certified the session key
         # for; an update to any other set is refused (the session key would sign for what nobody approved)
         self.certified = certified
@@ -263,11 +278,65 @@ class HotSwap:
             raise SwapRefused(str(exc)) from None
         report = ""
         if self.bounds_check is not None:  # the daemon's runs in a child process (ModelBoundsCheck)
+            rules = self._rules_now()  # read before the proof: a reload meanwhile makes the swap check it again
             proven, report = self.bounds_check(Path(path), runner.sha256.hex())  # the bytes loaded, no others
             if not proven:
                 raise SwapRefused(f"model {path}: output bounds not proven inside the actuator limits; "
                                   f"refused\n{report}")
+            self.mark_proven(runner.sha256, rules)
         return runner, (time.perf_counter_ns() - t0) / 1e6, report
+
+    # -- which rules each model is proven inside ----------------------------------------------------
+    def _rules_now(self):
+        return self.rules() if self.rules is not None else None
+
+    def mark_proven(self, model_sha256: bytes, rules) -> None:
+        """The model with this hash is proven inside `rules` (rules_of(cfg)): its update's proof, a reload's
+        proof of the running model, or the deployment's model trusted at start."""
+        if rules is None:
+            return
+        known = self._proven.setdefault(bytes(model_sha256), [])
+        if rules not in known:
+            known.append(rules)
+            del known[:-KEPT_SETS]  # the newest few
+
+    def proven_now(self, model_sha256: bytes) -> bool:
+        """Whether the model with this hash is proven inside the running config's rules (always, without a
+        bound check or a config: the benchmark's and unit tests' HotSwap)."""
+        if self.bounds_check is None or self.rules is None:
+            return True
+        return self._rules_now() in self._proven.get(bytes(model_sha256), [])
+
+    def _unproven(self, st: StageSet, what: str) -> str | None:
+        """Why `st`'s model may not run under the running rules (None: it may)."""
+        if self.proven_now(st.model_sha256):
+            return None
+        return (f"{what}'s model {Path(st.model_path).name} (sha256 {st.model_sha256.hex()[:16]}…) is not proven "
+                "inside the running config's limits: the signals, constraints or safety limits changed since it "
+                "ran")
+
+    def _prove_for_rollback(self, component: str | None) -> str | None:
+        """An operator's rollback to a model not proven for the running rules proves it first (off the swap
+        lock, as an update's proof). Returns the report, None when no proof was needed."""
+        with self._lock:
+            if component is None:
+                target = self.previous
+                sha, path = (target.model_sha256, target.model_path) if target is not None else (None, None)
+            elif component == "model" and self._prior.get("model") is not None:
+                _, sha, path = self._prior["model"]
+            else:
+                return None
+        if sha is None or self.proven_now(sha) or self.bounds_check is None:
+            return None
+        with self._preparation():
+            rules = self._rules_now()
+            proven, report = self.bounds_check(Path(path), sha.hex())
+            if not proven:
+                raise SwapRefused(f"rolling back would run model {Path(path).name} (sha256 {sha.hex()[:16]}…), which "
+                                  "is not proven inside the running config's limits (they changed since it ran); "
+                                  f"nothing changed\n{report}")
+            self.mark_proven(sha, rules)
+            return report
 
     def _check_signature(self, kind: str, path: Path, sha256: str | None = None) -> str | None:
         """Stage step: the candidate's signature when attestation.require_signatures asks for one. Returns
@@ -300,14 +369,18 @@ class HotSwap:
         # fails is refused (nothing changed); a rollback goes ahead (it leaves a version that faulted or that the
         # operator wants gone), with an alert that the log still names the version it left
         unmeasured = None
+        pending = self._events(new, old, action, component, name, sha)
         try:
-            for event in self._events(new, old, action, component, name, sha):
-                self.measure(*event)
+            self._measure_owed()  # a rollback's events that could not be measured come first, in order
+            while pending:
+                self.measure(*pending[0])
+                pending.pop(0)
         except Exception as exc:  # MeasurementError (TPM gone, PCR moved), OSError (disk full)
             if action == "update":
                 raise SwapRefused(f"could not measure {component} {name} before running it ({exc!r}); nothing "
                                   "changed: the running version stays") from None
             unmeasured = exc
+            self._owed.extend(pending)  # measured by the next swap or health check (every 50 ms) that can
         for m in (new.pre, new.post):  # a module coming back from the previous set restarts its state
             if m is not None and m is not old.pre and m is not old.post:
                 m.instance.reset()
@@ -338,9 +411,31 @@ class HotSwap:
         if unmeasured is not None and self.alerts is not None:
             self.alerts.append((time.time_ns(), "rollback", f"rolled back to generation {new.generation} "
                                 f"({new.label}), but measuring it failed ({unmeasured!r}): the measurement log and "
-                                "PCR still name the version rolled back from; restart sitsd once the TPM/disk is back "
-                                "to measure what runs", 0, 0))
+                                "PCR still name the version rolled back from until the TPM/disk works again; the "
+                                "daemon retries every 50 ms and refuses updates meanwhile", 0, 0))
         return rec
+
+    def _measure_owed(self) -> None:
+        """Measure the events a rollback could not, oldest first; raises at the first that still fails."""
+        while self._owed:
+            self.measure(*self._owed[0])
+            self._owed.pop(0)
+
+    def _retry_owed(self) -> None:
+        """From the health check: catch the measurement log up with what runs, once it can be written."""
+        if not self._owed or not self._lock.acquire(blocking=False):
+            return
+        try:
+            n = len(self._owed)
+            try:
+                self._measure_owed()
+            except Exception:  # still failing: the alert raised at the rollback stands; tried again next time
+                return
+            if self.alerts is not None:
+                self.alerts.append((time.time_ns(), "rollback", f"the measurement log caught up with what runs: "
+                                    f"{n} rollback event(s) measured late", 0, 0))
+        finally:
+            self._lock.release()
 
     def _events(self, new: StageSet, old: StageSet, action: str, component: str, name: str, sha: str) -> list:
         """The measurement events of a swap from `old` to `new`: (kind, name, sha256 hex)."""
@@ -436,6 +531,7 @@ class HotSwap:
         with self._lock:
             cur = self.loop.stage_set
             fallback = self._next(label=label, **changes)
+            self.mark_proven(fallback.model_sha256, self._rules_now())  # the config's own model, trusted at start
             self.previous = fallback
             if fallback.model is not cur.model:
                 self._prior["model"] = (fallback.model, fallback.model_sha256, fallback.model_path)
@@ -466,8 +562,9 @@ class HotSwap:
         if pin and pin != sha256:
             field = "model.sha256" if key == "model" else f"the sha256 of module {key}"
             raise SwapRefused(f"{what} {path}: SHA-256 {sha256} is not {pin}, which the running config pins "
-                              f"({field}); to change a pinned {what}, update the config with the new hash "
-                              f"(`sitsctl update --config FILE` or `sitsctl deploy`) or remove the pin")
+                              f"({field}); to change a pinned {what}, put the new hash in the config and deploy it "
+                              f"(`sitsctl deploy`, which loads the config with its model and modules) or restart "
+                              f"sitsd on it (`sitsctl update --config` cannot change the {'model' if key == 'model' else 'modules'} section)")
 
     def _check_certified(self, what: str, path: Path, identity: tuple) -> None:
         if self.certified is not None and identity != self.certified:
@@ -509,6 +606,10 @@ class HotSwap:
             runner, prepare_ms, report = self.prepare_model(path, expected_sha256)
             with self._lock:  # the swap: what runs now (a rollback may have run during the proof)
                 self._refuse_if_failing_watch()
+                if not self.proven_now(runner.sha256):  # a reload changed the limits during the proof
+                    raise SwapRefused(f"model {path}: the config's signals, constraints or safety limits changed "
+                                      "while it was being proven; nothing changed: send the update again to prove it "
+                                      "inside the rules that run now")
                 if respect_pins:
                     self._check_pin("model", "model", path, runner.sha256.hex())
                 self._check_certified("model", path, stage_identity(self.loop.stage_set, model_sha256=runner.sha256))
@@ -524,7 +625,9 @@ class HotSwap:
     def rollback(self, component: str | None = None, reason: str = "operator request", force: bool = False) -> dict:
         """Back to the previous set (component None), or only its model / one of its modules. A whole-set
         rollback to the set an automatic rollback just left (it trapped, sent fail-safes, or the PLC refused it)
-        is refused unless `force`."""
+        is refused unless `force`. A model not proven inside the running config's rules (they changed since it
+        ran) is proven first, and the rollback refused if it fails."""
+        proof = self._prove_for_rollback(component)
         with self._lock:
             left = self._auto_left
             if component is None and not force and left is not None and self.previous is left[0]:
@@ -536,7 +639,7 @@ class HotSwap:
                     "it anyway")
             out = self._rollback(component, reason, announce=True)
             self._settle(self.loop.stage_set, f"rollback of {out['component']} ({reason})")
-            return out
+            return {**out, "bounds": proof} if proof else out
 
     def _settle(self, st: StageSet, reason: str) -> None:
         """Hand a set that is to stay to `on_settled` (persistence); its failure never undoes the swap."""
@@ -556,6 +659,8 @@ class HotSwap:
         if prev is None:
             raise SwapRefused("nothing to roll back to: no update since the daemon started")
         if component is None:
+            if (why := self._unproven(prev, f"the previous set, generation {prev.generation},")) is not None:
+                raise SwapRefused(f"{why} (it changed again during this rollback's proof); nothing changed")
             return self._activate(prev, "rollback", "set", prev.label or f"generation {prev.generation}",
                                   prev.model_sha256.hex(), 0.0, reason, announce=said).as_dict()
         prior = self._prior.get(component)
@@ -568,6 +673,10 @@ class HotSwap:
                 raise SwapRefused(f"nothing to roll back for the model: the version it would return to ({Path(path).name} "
                                   f"sha256 {sha.hex()[:16]}…) is the one running (a whole-set rollback brought it "
                                   "back); `sitsctl versions` shows what runs")
+            if not self.proven_now(sha):
+                raise SwapRefused(f"the previous model {Path(path).name} (sha256 {sha.hex()[:16]}…) is not proven "
+                                  "inside the running config's limits (they changed again during this rollback's "
+                                  "proof); nothing changed")
             self._prior["model"] = (cur.model, cur.model_sha256, cur.model_path)  # rolling back again toggles
             new = self._next(model=model, model_sha256=sha, model_path=path, label=f"model {sha.hex()[:12]} (rollback)")
             return self._activate(new, "rollback", "model", Path(path).name, sha.hex(), 0.0, reason,
@@ -592,7 +701,7 @@ class HotSwap:
 
     @property
     def watching(self) -> bool:
-        return self._watch is not None or self._config_watch is not None
+        return self._watch is not None or self._config_watch is not None or bool(self._owed)
 
     def watch_config(self, installed) -> None:
         """Health-watch the config `update --config` just put live (`installed`, the Config object): the same
@@ -659,6 +768,16 @@ class HotSwap:
         target = watch.fallback if watch.fallback is not None else self.previous
         if target is None or target is new:
             raise SwapRefused("nothing to roll back to")
+        if (why := self._unproven(target, f"generation {target.generation}")) is not None:
+            # a model outside the limits is worse than a faulting set, whose failures send the fail-safe: stay
+            self._watch = None
+            msg = (f"generation {new.generation} ({new.label}) failed its health watch ({reason}), but the automatic "
+                   f"rollback to generation {target.generation} was refused: {why}. Generation {new.generation} "
+                   "keeps running (its faults send the fail-safe command); `sitsctl rollback` proves the previous "
+                   "model first, or `sitsctl update` a fixed version")
+            if self.alerts is not None:
+                self.alerts.append((time.time_ns(), "rollback", msg, 0, 0))
+            raise AutoRollbackRefused(msg)
         rec = self._activate(target, "rollback", "set", target.label or f"generation {target.generation}",
                              target.model_sha256.hex(), 0.0, f"automatic: {reason}", pickup=False).as_dict()
         self._auto_left = (new, reason, time.time_ns())
@@ -684,7 +803,10 @@ class HotSwap:
                              f"watch ({watch.set.frames} frames, {watch.set.traps} traps)")
             return
         new = watch.set
-        self._auto_rollback(watch, reason)
+        try:
+            self._auto_rollback(watch, reason)
+        except AutoRollbackRefused:  # alerted; this update replaces the failing set (it is proven for what runs)
+            return
         cur = self.loop.stage_set
         raise SwapRefusedAfterRollback(f"generation {new.generation} ({new.label}), which was running, failed its health watch "
                           f"({reason}) and was rolled back to generation {cur.generation} ({cur.label}); this update "
@@ -695,7 +817,9 @@ class HotSwap:
         WATCH_FRAMES frames: to the last set that passed its watch (`_Watch.fallback`), so that an update made
         inside another's watch does not leave the faulty one as the target. Returns the rollback record, or
         None. Never waits for the swap lock (this runs in the daemon's housekeeping, which feeds the watchdog):
-        a swap in progress holds it for milliseconds, a preparation does not hold it at all."""
+        a swap in progress holds it for milliseconds, a preparation does not hold it at all. Also measures the
+        events of a rollback whose measurement had failed, once it can."""
+        self._retry_owed()
         watch = self._watch
         if watch is None:
             return None
@@ -717,12 +841,26 @@ class HotSwap:
                     self._settle(new, f"generation {new.generation} ({new.label}) passed its health watch "
                                  f"({new.frames} frames, {new.traps} traps)")
                 return None
-            return self._auto_rollback(watch, reason)
+            try:
+                return self._auto_rollback(watch, reason)
+            except AutoRollbackRefused:  # alerted, watch ended: the set keeps running
+                return None
         finally:
             self._lock.release()
 
     def versions(self) -> dict:
-        """Per-version frame counters: modules by (name, sha256), models by sha256, sets by generation."""
+        """Per-version frame counters: modules by (name, sha256), models by sha256, sets by generation. Read on
+        the control socket's thread without the swap lock (a swap may hold it for seconds): a swap changing the
+        dicts meanwhile makes it read them again."""
+        for _ in range(4):
+            try:
+                return self._versions()
+            except RuntimeError:  # "dictionary changed size during iteration": a swap in between
+                time.sleep(0.001)
+        with self._lock:
+            return self._versions()
+
+    def _versions(self) -> dict:
         modules: dict[str, dict] = {k: dict(v) for k, v in self._retired["modules"].items()}
         models: dict[str, int] = dict(self._retired["models"])
         r = self._retired
@@ -1105,7 +1243,9 @@ def attach(daemon) -> HotSwap:
 
         log.record("persisted", STATE_FILE, persistence.restored.raw_sha256)
     freeze_heap()  # the startup heap, before the loop runs: no 40 ms full collection next to it later (_preparing)
-    return HotSwap(loop, daemon.wasm, n_inputs=len(cfg.model.inputs), n_outputs=len(cfg.model.outputs),
+    from .reload import rules_of
+
+    hs = HotSwap(loop, daemon.wasm, n_inputs=len(cfg.model.inputs), n_outputs=len(cfg.model.outputs),
                    bounds_check=model_bounds_check(lambda: daemon.cfg), measure=log.record, alerts=daemon.alerts,
                    module_specs={m.name: m for m in cfg.modules}, provider=cfg.model.provider,
                    rejections=lambda: daemon.plc_rejected,
@@ -1113,7 +1253,9 @@ def attach(daemon) -> HotSwap:
                    signatures=__import__("sitsd.signatures").signatures.SignaturePolicy.from_config(cfg),
                    on_settled=persistence.settled if persistence is not None else None,
                    pins=lambda: {"model": daemon.cfg.model.sha256, **{m.name: m.sha256 for m in daemon.cfg.modules}},
-                   certified=certified)
+                   certified=certified, rules=lambda: rules_of(daemon.cfg))
+    hs.mark_proven(st.model_sha256, rules_of(cfg))  # the deployment's (or a persisted set's, proven at its load)
+    return hs
 
 
 def _config_measured(daemon) -> tuple[str, str] | None:
@@ -1131,27 +1273,36 @@ def rollback_config(daemon) -> dict:
     """Back to the rules that ran before the last `update --config` (the Config object as it was loaded,
     not its file re-read), proven against the running model first when the rules differ; measured as
     `rollback:config`. Rolling back again returns to the newer config."""
-    from .deploy import _restore_config
-    from .reload import ReloadRefused, plan, prove_live
+    import threading
 
-    prev = getattr(daemon, "previous_config", None)
-    if prev is None:
-        raise SwapRefused("no config update to roll back: `sitsctl update --config` keeps the config it "
-                          "replaced (a restart, SIGHUP or `sitsctl reload` does not)")
-    old_cfg, old_path, old_measured, installed = prev
-    if daemon.cfg is not installed:
-        raise SwapRefused("the config changed since the last `update --config` (SIGHUP, `sitsctl reload` or a "
-                          "deploy): rolling back would skip that change; `sitsctl update --config` the one wanted")
-    current = (daemon.cfg, daemon.config_path, _config_measured(daemon))
-    changed = plan(daemon.cfg, old_cfg)
-    proof = None
-    if {"signals", "constraints", "safety"} & set(changed):
-        try:  # the model may have been swapped since that config ran: its rules must hold for this one
-            proof = prove_live(daemon, old_cfg)
-        except ReloadRefused as exc:
-            raise SwapRefused(f"the previous config's rules are not proven for the running model: {exc}") from None
-    _restore_config(daemon, old_cfg, old_path, old_measured)
-    daemon.previous_config = (*current, daemon.cfg)
+    from .deploy import _restore_config
+    from .reload import PROVEN_SECTIONS, ReloadRefused, plan, prove_live
+
+    # the reload lock from the check to the restore (reentrant: _restore_config takes it again): a SIGHUP or
+    # reload in between is not silently undone
+    with getattr(daemon, "_reload_lock", None) or threading.RLock():
+        prev = getattr(daemon, "previous_config", None)
+        if prev is None:
+            raise SwapRefused("no config update to roll back: `sitsctl update --config` keeps the config it "
+                              "replaced (a restart, SIGHUP or `sitsctl reload` does not)")
+        old_cfg, old_path, old_measured, installed = prev
+        if daemon.cfg is not installed:
+            raise SwapRefused("the config changed since the last `update --config` (SIGHUP, `sitsctl reload` or a "
+                              "deploy): rolling back would skip that change; `sitsctl update --config` the one wanted")
+        current = (daemon.cfg, daemon.config_path, _config_measured(daemon))
+        changed = plan(daemon.cfg, old_cfg)
+        proof = proven_set = None
+        if set(PROVEN_SECTIONS) & set(changed):
+            proven_set = daemon.loop.stage_set if daemon.loop is not None else None
+            try:  # the model may have been swapped since that config ran: its rules must hold for this one
+                proof = prove_live(daemon, old_cfg, proven_set)
+            except ReloadRefused as exc:
+                raise SwapRefused(f"the previous config's rules are not proven for the running model: {exc}") from None
+        try:
+            _restore_config(daemon, old_cfg, old_path, old_measured, proven_set)
+        except ReloadRefused as exc:  # a model swap during the proof
+            raise SwapRefused(str(exc)) from None
+        daemon.previous_config = (*current, daemon.cfg)
     name, sha = old_measured if old_measured is not None else (Path(old_path).name, None)
     return {"component": "config", "name": name, "sha256": sha, "changed": changed, "proof": proof,
             "config": str(old_path)}
@@ -1159,8 +1310,14 @@ def rollback_config(daemon) -> dict:
 
 def control_handlers(daemon) -> dict:
     """`update`, `rollback` and `versions` for the control socket. The first two are coroutines that run
-    the preparation on a worker thread, so the I/O event loop keeps writing PLC commands meanwhile."""
+    the preparation on a worker thread, so the I/O event loop keeps writing PLC commands meanwhile: threads of
+    their own (SWAP_THREADS), not asyncio's default pool, which the daemon's housekeeping needs every 50 ms; at
+    most MAX_SWAP_REQUESTS in progress, more are refused at once."""
     import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    executor = ThreadPoolExecutor(max_workers=SWAP_THREADS, thread_name_prefix="sitsd-swap")
+    inflight = [0]
 
     def _update(req: dict) -> dict:
         hs = daemon.hotswap
@@ -1170,18 +1327,21 @@ def control_handlers(daemon) -> dict:
         elif req.get("model"):
             out = hs.update_model(Path(req["model"]), req.get("sha256"))
         elif req.get("config"):
+            import threading
+
             from .reload import reload
 
             path = Path(req["config"])
-            before = (daemon.cfg, daemon.config_path, _config_measured(daemon))
-            # measured before it goes live, from the bytes that run (read once); config_path set with the rules,
-            # under the reload lock: a refused or unmeasured config changes nothing
-            out = reload(daemon, path, daemon.config_overrides, measure=True, adopt_path=True,
-                         expected_sha256=req.get("sha256"))  # `update --config FILE --sha256 H`: those bytes only
-            if not out.get("reloaded"):
-                raise SwapRefused(out.get("error", "config refused"))
-            daemon.previous_config = (*before, daemon.cfg)  # for `sitsctl rollback --config`
-            hs.watch_config(daemon.cfg)  # an error spike in its first frames rolls it back (daemon housekeeping)
+            with getattr(daemon, "_reload_lock", None) or threading.RLock():  # snapshot, reload, keep: one step
+                before = (daemon.cfg, daemon.config_path, _config_measured(daemon))
+                # measured before it goes live, from the bytes that run (read once); config_path set with the
+                # rules, under the reload lock: a refused or unmeasured config changes nothing
+                out = reload(daemon, path, daemon.config_overrides, measure=True, adopt_path=True,
+                             expected_sha256=req.get("sha256"))  # `update --config FILE --sha256 H`: those bytes only
+                if not out.get("reloaded"):
+                    raise SwapRefused(out.get("error", "config refused"))
+                daemon.previous_config = (*before, daemon.cfg)  # for `sitsctl rollback --config`
+                hs.watch_config(daemon.cfg)  # an error spike in its first frames rolls it back (housekeeping)
             out = {**out, "component": "config", "name": path.name, "sha256": out["sha256"]}
         else:
             raise SwapRefused("update needs one of module, model, config")
@@ -1204,8 +1364,12 @@ def control_handlers(daemon) -> dict:
     async def run(fn, req: dict) -> dict:
         if daemon.hotswap is None:
             return {"ok": False, "error": "hot swap is not available before the loop runs"}
+        if inflight[0] >= MAX_SWAP_REQUESTS:
+            return {"ok": False, "error": f"refused, the running version stays: {inflight[0]} updates or rollbacks "
+                                          "are in progress already; try again when they are done (`sitsctl versions`)"}
+        inflight[0] += 1
         try:
-            return await asyncio.to_thread(fn, req)
+            return await asyncio.get_running_loop().run_in_executor(executor, fn, req)
         except SwapRefusedAfterRollback as exc:  # the running set did change: it was rolled back
             daemon.log.error("update refused; the running set failed its health watch and was rolled back",
                              error=str(exc).splitlines()[0])
@@ -1216,6 +1380,8 @@ def control_handlers(daemon) -> dict:
         except Exception as exc:  # anything else: answer and keep serving, the running set is untouched
             daemon.log.error("update failed; the running version stays", error=repr(exc))
             return {"ok": False, "error": f"failed, the running version stays: {exc!r}"}
+        finally:
+            inflight[0] -= 1
 
     async def update(req: dict) -> dict:
         out = await run(_update, req)

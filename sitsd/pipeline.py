@@ -284,9 +284,11 @@ class ControlLoop:
                 running = post
                 post.frames += 1
                 post.instance.input[:] = proposed
+                post.instance.check_input()  # a model's NaN never reaches the module (nor its state)
                 post.instance.process()
                 proposed = post.instance.output
-        except ModuleTrap as exc:  # the sandbox stopped it: fail-safe, alert, the loop goes on
+        except ModuleTrap as exc:  # the sandbox stopped it (or a NaN/inf came out or would go in: code "nonfinite"):
+            # fail-safe, alert, the loop goes on
             st.traps += 1
             if exc.code != "deadline":  # not a preempted call: the module's own fault
                 st.faults += 1

@@ -25,6 +25,7 @@ reload lock, with the rules; `expected_sha256` (deploy): the bytes read must be 
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from pathlib import Path
@@ -34,8 +35,16 @@ from .errors import ConfigError
 from .gates import ConstraintGate, SafetyEnvelope
 
 RESTART_SECTIONS = ("line", "model", "modules", "plc", "transport", "attestation", "audit", "control", "runtime",
-                    "metrics")
+                    "metrics", "proof")
 LIVE_SECTIONS = ("signals", "constraints", "timing", "safety", "logging")
+# the sections a model's bound proof depends on: a live change to them is proven for the running model first, and
+# a model proven under other ones does not run (a hot swap or rollback to it proves it first: sitsd.hotswap)
+PROVEN_SECTIONS = ("signals", "constraints", "safety")
+
+
+def rules_of(cfg: Config) -> tuple:
+    """What a model's bound proof is proven inside (compared with ==)."""
+    return tuple(getattr(cfg, s) for s in PROVEN_SECTIONS)
 
 
 class ReloadRefused(Exception):
@@ -47,17 +56,24 @@ def plan(old: Config, new: Config) -> list[str]:
     needs_restart = [s for s in RESTART_SECTIONS if getattr(old, s) != getattr(new, s)]
     if old.signal_names != new.signal_names:
         needs_restart.append("signals (names or order: the frame layout)")
+    o, n = old.timing.ptp, new.timing.ptp
+    if (o.phc_timescale, o.utc_offset_s) != (n.phc_timescale, n.utc_offset_s):
+        needs_restart.append("timing.ptp.phc_timescale/utc_offset_s (the transport converts hardware stamps with "
+                             "them from its start)")
     if needs_restart:
         raise ReloadRefused(f"these changes need a restart: {', '.join(needs_restart)}")
     return [s for s in LIVE_SECTIONS if getattr(old, s) != getattr(new, s)]
 
 
-def prove_live(daemon, new: Config) -> str:
-    """The running model under `new`'s rules: a short report, or ReloadRefused with the proof's report."""
+def prove_live(daemon, new: Config, stage_set=None) -> str:
+    """The running model (`stage_set`'s, default the running set's) under `new`'s rules: a short report, or
+    ReloadRefused with the proof's report. The caller applies the rules only while that model still runs
+    (`commit_proven`)."""
     loop = daemon.loop
     if loop is None:
         return "not running yet"
-    model = loop.stage_set.model
+    stage_set = stage_set if stage_set is not None else loop.stage_set
+    model = stage_set.model
     if getattr(model, "kind", "mlp") == "streaming":
         from .model import head_range
 
@@ -72,7 +88,7 @@ def prove_live(daemon, new: Config) -> str:
     from .hotswap import ModelBoundsCheck
 
     # in the ProofWorker child process, as for a model swap: the loop thread never waits behind the proof
-    proven, report = ModelBoundsCheck(lambda: new)(Path(loop.stage_set.model_path), model.sha256.hex())
+    proven, report = ModelBoundsCheck(lambda: new)(Path(stage_set.model_path), model.sha256.hex())
     if not proven:
         raise ReloadRefused("the running model is not proven inside the new config's limits over its admissible "
                             f"inputs, so the new rules would not keep the line safe:\n{report}")
@@ -87,6 +103,24 @@ def prepare(daemon, new: Config) -> tuple:
 def apply(daemon, new: Config) -> None:
     """Swap the rules in the running loop (reference assignments the loop picks up at the next frame)."""
     commit(daemon, prepare(daemon, new))
+
+
+@contextlib.contextmanager
+def swap_locked(daemon, proven_set=None):
+    """Hold the hot swap's lock (no model swap or rollback meanwhile) around applying proven rules; with
+    `proven_set` (the stage set whose model `prove_live` proved), refuse unless its model still runs, and after the
+    block record that model as proven inside the rules that run (a rollback to another model proves it first)."""
+    hs = getattr(daemon, "hotswap", None)
+    hs = hs if hasattr(hs, "mark_proven") else None  # a daemon without hot swap (tools, tests) has no swaps to stop
+    with (hs._lock if hs is not None else contextlib.nullcontext()):
+        loop = daemon.loop
+        if proven_set is not None and loop is not None and loop.stage_set.model_sha256 != proven_set.model_sha256:
+            raise ReloadRefused("the model was swapped while the new rules were being proven for the one that ran "
+                                "(sha256 " + proven_set.model_sha256.hex()[:16] + "…); nothing changed: reload "
+                                "again to prove them for the model that runs now")
+        yield
+        if hs is not None and proven_set is not None:  # proven just now (unproven rules never mark anything)
+            hs.mark_proven(proven_set.model_sha256, rules_of(daemon.cfg))
 
 
 def commit(daemon, prepared: tuple) -> None:
@@ -169,14 +203,17 @@ def _reload(daemon, path: Path, overrides: dict | None = None, measure: bool = F
         SignaturePolicy.from_config(daemon.cfg).check("config", path, sha)
         new = load_config(path, overrides, data=data)
         changed = plan(daemon.cfg, new)
-        if {"signals", "constraints", "safety"} & set(changed):
-            proof = prove_live(daemon, new)
+        proven_set = None
+        if set(PROVEN_SECTIONS) & set(changed):
+            proven_set = daemon.loop.stage_set if daemon.loop is not None else None
+            proof = prove_live(daemon, new, proven_set)
             daemon.log.info("reload proven", changed=changed, proof=proof)
         prepared = prepare(daemon, new)  # built before the measurement: what fails here leaves nothing measured
-        measured = _measure_config(daemon, path, sha) if measure else {}
-        commit(daemon, prepared)
-        if adopt_path:
-            daemon.config_path = path
+        with swap_locked(daemon, proven_set):  # no model swap between the proof's model and these rules going live
+            measured = _measure_config(daemon, path, sha) if measure else {}
+            commit(daemon, prepared)
+            if adopt_path:
+                daemon.config_path = path
     except (ConfigError, ReloadRefused, SignatureError, _Unmeasured) as exc:
         reason = str(exc)
         daemon.log.error("config reload refused; the running configuration stays", error=reason, config=str(path))

@@ -3,6 +3,8 @@
 ;;   u[i] = gain[i] * x[i] + offset[i]                   model units -> command units
 ;;   y[i] = y[i] + clamp(u[i] - y[i], -max_step[i], max_step[i])   rate shaping per frame
 ;; The first call, and the first call after the host sets header.reset, starts at u (no shaping).
+;; A NaN or infinite u (or y) leaves the state as it was and outputs NaN (the host refuses a non-finite output:
+;; fail-safe command); a pending reset then waits for a call whose values are all finite.
 ;; The safety envelope after this module still enforces the actuator limits and rates.
 ;; Layout and exports: ABI.md. Parameters: gain at PARAMS+0, offset at PARAMS+512, max_step at PARAMS+1024.
 (module
@@ -39,8 +41,13 @@
         (br $next)))
     (i32.const 0))
 
+  ;; 1 when v is neither NaN nor infinite (v - v is 0 exactly then)
+  (func $finite (param $v f64) (result i32)
+    (f64.eq (f64.sub (local.get $v) (local.get $v)) (f64.const 0)))
+
   (func (export "process") (result i32)
-    (local $n i32) (local $i i32) (local $o i32) (local $reset i32) (local $u f64) (local $y f64) (local $s f64)
+    (local $n i32) (local $i i32) (local $o i32) (local $reset i32) (local $bad i32) (local $u f64) (local $y f64)
+    (local $s f64)
     (local.set $n (i32.load (i32.const 0x004)))
     (local.set $reset (i32.load (i32.const 0x00C)))
     (block $done
@@ -57,10 +64,14 @@
             (local.set $y (f64.add (local.get $y)
                                    (f64.min (local.get $s) (f64.max (f64.neg (local.get $s))
                                                                     (f64.sub (local.get $u) (local.get $y))))))))
-        (f64.store offset=0x1000 (local.get $o) (local.get $y))
+        (if (i32.and (call $finite (local.get $u)) (call $finite (local.get $y)))
+          (then (f64.store offset=0x1000 (local.get $o) (local.get $y)))
+          (else  ;; the state keeps its last value; the output tells the host
+            (local.set $bad (i32.const 1))
+            (local.set $y (f64.const nan))))
         (f64.store offset=0xB00 (local.get $o) (local.get $y))
         (local.set $i (i32.add (local.get $i) (i32.const 1)))
         (br $next)))
-    (i32.store (i32.const 0x00C) (i32.const 0))
+    (i32.store (i32.const 0x00C) (i32.and (local.get $reset) (local.get $bad)))
     (i32.const 0))
 )

@@ -3,6 +3,8 @@
 ;;   u[i] = scale[i] * x[i] + offset[i]                  unit conversion / scaling
 ;;   y[i] = y[i] + alpha[i] * (u[i] - y[i])              first-order low-pass (alpha = 1: no filter)
 ;; The first call, and the first call after the host sets header.reset, starts the filter at u.
+;; A NaN or infinite u (or y) leaves the state as it was and outputs NaN (the host refuses a non-finite output:
+;; fail-safe command); a pending reset then waits for a call whose values are all finite.
 ;; Layout and exports: ABI.md. Parameters: scale at PARAMS+0, offset at PARAMS+512, alpha at PARAMS+1024
 ;; (64 f64 each).
 (module
@@ -46,9 +48,13 @@
         (br $next)))
     (i32.const 0))
 
+  ;; 1 when v is neither NaN nor infinite (v - v is 0 exactly then)
+  (func $finite (param $v f64) (result i32)
+    (f64.eq (f64.sub (local.get $v) (local.get $v)) (f64.const 0)))
+
   ;; inputs at 0x900, outputs at 0xB00, filter state y at 0x1000; returns 0
   (func (export "process") (result i32)
-    (local $n i32) (local $i i32) (local $o i32) (local $reset i32) (local $u f64) (local $y f64)
+    (local $n i32) (local $i i32) (local $o i32) (local $reset i32) (local $bad i32) (local $u f64) (local $y f64)
     (local.set $n (i32.load (i32.const 0x004)))
     (local.set $reset (i32.load (i32.const 0x00C)))
     (block $done
@@ -64,10 +70,14 @@
             (local.set $y (f64.add (local.get $y)
                                    (f64.mul (f64.load offset=0x500 (local.get $o))
                                             (f64.sub (local.get $u) (local.get $y)))))))
-        (f64.store offset=0x1000 (local.get $o) (local.get $y))
+        (if (i32.and (call $finite (local.get $u)) (call $finite (local.get $y)))
+          (then (f64.store offset=0x1000 (local.get $o) (local.get $y)))
+          (else  ;; the state keeps its last value; the output tells the host
+            (local.set $bad (i32.const 1))
+            (local.set $y (f64.const nan))))
         (f64.store offset=0xB00 (local.get $o) (local.get $y))
         (local.set $i (i32.add (local.get $i) (i32.const 1)))
         (br $next)))
-    (i32.store (i32.const 0x00C) (i32.const 0))
+    (i32.store (i32.const 0x00C) (i32.and (local.get $reset) (local.get $bad)))
     (i32.const 0))
 )

@@ -4,6 +4,11 @@ wasmtime deserializes native code without checking it (field notes: a .cwasm wit
 zeroed is accepted). Every entry therefore has a sidecar JSON record with the .cwasm's SHA-256, written
 after the code, and `load` hashes the file before `Module.deserialize` sees a byte of it.
 
+Write order (`store`): the old record goes first, then the code (temporary file, fsync, rename, directory fsync),
+then the record likewise. A crash or power loss anywhere in between leaves code without a
+record, never a record that names other code: `load` treats code without a record as an ordinary miss (the
+module is recompiled and the entry rewritten), not as tampering.
+
 A hash next to the code only catches corruption: whoever can write the cache could replace both. The
 record therefore also carries an HMAC-SHA256 over (wasm SHA-256, engine fingerprint, .cwasm SHA-256)
 under this device's cache key, a random 32-byte key kept *outside* the cache: in the daemon's state
@@ -76,6 +81,29 @@ def load_or_create_key(path: Path) -> tuple[bytes, str]:
     return data, str(path)
 
 
+def _write_durably(path: Path, content: bytes) -> None:
+    """`content` at `path` through a temporary file, fsynced before the rename: the file is whole or absent."""
+    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(content)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _fsync_directory(directory: Path) -> None:
+    """The renames in `directory` made durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class CwasmCache:
     def __init__(self, directory: Path, fingerprint: str, key_path: Path | None = None) -> None:
         self.directory = Path(directory)
@@ -98,7 +126,14 @@ class CwasmCache:
         if not code_path.exists():
             return None
         try:
-            meta = json.loads(meta_path.read_text())
+            text = meta_path.read_text()
+        except FileNotFoundError:  # a store that did not finish (crash, power loss): a miss, recompiled
+            return None
+        except OSError as exc:
+            raise CacheIntegrityError(f"{code_path}: its hash record {meta_path.name} cannot be read ({exc.strerror}); "
+                                      "refused: it is recompiled from the module source") from None
+        try:
+            meta = json.loads(text)
             expected = meta["cwasm_sha256"]
             mac = meta["mac"]
             if not isinstance(expected, str) or not isinstance(mac, str):
@@ -125,10 +160,10 @@ class CwasmCache:
         digest = hashlib.sha256(data).hexdigest()
         meta = {"wasm_sha256": wasm_sha256, "engine": self.fingerprint, "cwasm_sha256": digest,
                 "mac": self._mac(wasm_sha256, self.fingerprint, digest)}
-        for path, content in ((code_path, data), (meta_path, json.dumps(meta).encode())):
-            tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
-            tmp.write_bytes(content)
-            os.replace(tmp, path)
+        meta_path.unlink(missing_ok=True)  # from here until the new record is in place: code without a record, a miss
+        for path, content in ((code_path, data), (meta_path, json.dumps(meta).encode())):  # the record last
+            _write_durably(path, content)
+            _fsync_directory(self.directory)  # this rename (and the unlink) durable before the next one
 
     def evict(self, wasm_sha256: str) -> None:
         for path in self.paths(wasm_sha256):

@@ -13,6 +13,7 @@ import json
 import platform
 import threading
 import time
+import weakref
 from importlib.metadata import version
 
 import wasmtime
@@ -24,17 +25,21 @@ except ImportError:  # not built (a source tree without `pip install`): the Pyth
     _native = None
 
 NATIVE_TICKER_AVAILABLE = _native is not None
-ENGINE_SETTINGS = {"epoch_interruption": True, "consume_fuel": True, "memory_may_move": False,
+# the wasmtime.Config settings every engine is built with (make_engine applies exactly these) and the .cwasm cache
+# key covers (engine_fingerprint): one dict, so the key cannot drift from what compiled the code
+ENGINE_SETTINGS = {"epoch_interruption": True, "consume_fuel": True,
+                   "memory_may_move": False,  # numpy views on linear memory stay valid for the instance's life
                    "cranelift_opt_level": "speed"}
+# settings that do not change the compiled code, so not part of the cache key
+BUILD_SETTINGS = {"parallel_compilation": False}  # compiling happens next to a 1 kHz loop on a small box
 
 
 def make_engine() -> wasmtime.Engine:
     cfg = wasmtime.Config()
-    cfg.epoch_interruption = True
-    cfg.consume_fuel = True
-    cfg.memory_may_move = False  # numpy views on linear memory stay valid for the instance's life
-    cfg.cranelift_opt_level = "speed"
-    cfg.parallel_compilation = False  # compiling happens next to a 1 kHz loop on a small box
+    for name, value in (ENGINE_SETTINGS | BUILD_SETTINGS).items():
+        if not isinstance(getattr(wasmtime.Config, name, None), property):  # setattr would just add an attribute
+            raise RuntimeError(f"wasmtime.Config has no setting {name!r} (wasmtime {version('wasmtime')})")
+        setattr(cfg, name, value)
     return wasmtime.Engine(cfg)
 
 
@@ -63,13 +68,20 @@ class EpochTicker:
         self._ticker = None
         self._thread = None
         if self.native:
+            # the Ticker holds a reference to `engine` itself and drops it only after joining its thread: the engine
+            # cannot be freed under the thread, whatever order the interpreter tears objects down in (at exit after
+            # an uncaught exception, wasmtime's Engine.__del__ ran first: a SIGSEGV on the next tick)
             self._ticker = _native.Ticker(_address(_bindings._wasmtime_engine_increment_epoch),
-                                         _address(engine.ptr()), int(round(tick_s * 1e9)))
+                                         _address(engine.ptr()), int(round(tick_s * 1e9)), engine)
+            stop = self._ticker.close
         else:
             self._stop = threading.Event()
             self._count = 0
             self._thread = threading.Thread(target=self._run, name="sitsd-wasm-epoch", daemon=True)
             self._thread.start()
+            stop = self._stop.set
+        # stops the thread when this object goes, and at interpreter exit (atexit, before modules are torn down)
+        self._finalizer = weakref.finalize(self, stop)
 
     @property
     def ticks(self) -> int:
@@ -87,10 +99,8 @@ class EpochTicker:
             self._count += 1
 
     def close(self) -> None:
-        if self._ticker is not None:
-            self._ticker.close()
-        else:
-            self._stop.set()
+        self._finalizer()  # once: the thread stops (the native one is joined)
+        if self._thread is not None:
             self._thread.join(1.0)
 
 

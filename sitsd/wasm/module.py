@@ -59,6 +59,9 @@ class Limits:
     fuel: int | None = 1_000_000  # ~1 ms of work; None (tests only: the config requires fuel) leaves the epoch
     # deadline alone, which a SCHED_FIFO ticker on the loop's CPU cannot enforce (wasm_modules/ABI.md)
     memory_bytes: int = 4 * abi.PAGE
+    # table elements per store (all tables together): `table.grow` past it returns -1, and a module declaring a
+    # bigger table is refused at load. Unlimited, one `table.grow` per call took ~1.5 GB of host memory in 300 calls
+    table_elements: int = 10_000
 
 
 def golden_path(source: Path) -> Path:
@@ -100,12 +103,14 @@ class ModuleInstance:
         self._fuel = limits.fuel if limits.fuel is not None else (1 << 62)
         self._load_ticks = host.deadline_ticks(LOAD_CALL_DEADLINE_MS)
         self.store = wasmtime.Store(host.engine)
-        self.store.set_limits(memory_size=limits.memory_bytes, instances=1, tables=1, memories=1)
+        self.store.set_limits(memory_size=limits.memory_bytes, table_elements=limits.table_elements, instances=1,
+                              tables=1, memories=1)
         try:
             self.instance = wasmtime.Instance(self.store, module, [])
         except (wasmtime.WasmtimeError, wasmtime.Trap) as exc:
             raise WasmError(f"{label}: cannot instantiate: {str(exc).splitlines()[0]} (modules import nothing and "
-                            f"need at most {limits.memory_bytes // abi.PAGE} pages of memory)") from None
+                            f"need at most {limits.memory_bytes // abi.PAGE} pages of memory, one table of at most "
+                            f"{limits.table_elements} elements)") from None
         exports = self.instance.exports(self.store)
         missing = [n for n in REQUIRED_EXPORTS if n not in exports]
         if missing:
@@ -132,6 +137,9 @@ class ModuleInstance:
             raise WasmError(f"{label}: header n_in={self.n_in} n_out={self.n_out}, each must be 1..{abi.MAX_VALUES}")
         self.input = self.memory[abi.INPUT:abi.INPUT + 8 * self.n_in].view(np.float64)
         self.output = self.memory[abi.OUTPUT:abi.OUTPUT + 8 * self.n_out].view(np.float64)
+        # output.dot(zeros) is 0 when every output is finite and NaN otherwise (inf * 0 is NaN): ~0.3 µs a call
+        self._zeros = np.zeros(self.n_out)
+        self._zeros_in = np.zeros(self.n_in)
         self.version = int(self._slow_call(exports["version"]))
         self._process = exports["process"]
         self._selftest = exports["selftest"]
@@ -163,13 +171,15 @@ class ModuleInstance:
         self._header[3] = 1
 
     def process(self) -> None:
-        """The fast path. Raises ModuleTrap on a trap or a non-zero status."""
+        """The fast path. Raises ModuleTrap on a trap, a non-zero status or a non-finite output."""
         ctx = self._ctx
         self._set_fuel(ctx, self._fuel)
         self._set_deadline(ctx, self._ticks)
         err = self._call(ctx, self._func_ref, None, 0, self._results, 1, self._trap_ref)
         if err or self._trap or self._results[0].of.i32:
             self._failed(err)
+        if self.output.dot(self._zeros) != 0.0:
+            self._nonfinite()
 
     def process_off_loop(self) -> None:
         """`process` for a thread other than the loop's (golden vectors and warm-up while preparing a swap):
@@ -182,6 +192,22 @@ class ModuleInstance:
         err = call(ctx, self._func_ref, None, 0, self._results, 1, self._trap_ref)
         if err or self._trap or self._results[0].of.i32:
             self._failed(err)
+        if self.output.dot(self._zeros) != 0.0:
+            self._nonfinite()
+
+    def check_input(self) -> None:
+        """Raises ModuleTrap (code "nonfinite") when `input` holds a NaN or an infinity, before any call: the loop
+        refuses such an input (a model's NaN) to the post module. The module's state is left as it was."""
+        if self.input.dot(self._zeros_in) != 0.0:
+            raise ModuleTrap(f"{self.label}: non-finite input {self.input.tolist()} (NaN or infinity) refused before "
+                             "the call", "nonfinite")
+
+    def _nonfinite(self) -> None:
+        """A NaN or infinite output is a fault like a trap: the module's state may hold it too (a filter fed a NaN
+        keeps it forever), so it restarts from the next input, and the frame gets the fail-safe command."""
+        self._header[3] = 1
+        raise ModuleTrap(f"{self.label}: non-finite output {self.output.tolist()} (NaN or infinity); its state is "
+                         "reset", "nonfinite")
 
     def call_public(self) -> None:
         """The same call through `Func.__call__` (for the benchmark's comparison)."""
@@ -264,8 +290,9 @@ class WasmHost:
                 "module_calls_keep_gil": self._ticker.native}
 
     def deadline_ticks(self, deadline_ms: float) -> int:
-        # the trap comes between (ticks - 1) and ticks tick periods after the call starts: never before
-        # deadline_ms, at most one tick (plus scheduling) after it
+        # the first tick may come right after the call starts and each later one at least a period after the one
+        # before (both tickers; sitsd/_native.c never catches up), so the trap comes (ticks - 1) periods or more
+        # after the start: never before deadline_ms; at most `ticks` periods plus the ticks' wake-up latencies
         return math.ceil(deadline_ms / self.tick_ms) + 1
 
     def close(self) -> None:

@@ -135,3 +135,52 @@ def test_encode_answer_splices_raw_strings_and_is_plain_json_otherwise(body):
     assert json.loads(line) == expected
     if answer == expected:  # nothing raw: exactly what json.dumps writes
         assert line == json.dumps(answer).encode()
+
+
+def test_the_socket_answers_every_bad_request_and_goes_on(tmp_path, operators_group):
+    """Malformed requests (a command that is not a string, JSON that is not an object, a line over the limit) and a
+    handler that raises get an answer that says what was wrong; the connection serves the next request. The socket
+    belongs to control.operator_group, so its members reach it through mode 0660."""
+    import asyncio
+    import socket as socketlib
+
+    from sitsd.control import READ_LIMIT, ControlAccess, recv_line, serve
+
+    group, gid = operators_group
+    path = tmp_path / "c.sock"
+
+    def boom(_req):
+        raise KeyError("missing piece")
+
+    async def main():
+        server = await serve(path, {"status": lambda req: {"state": "running"}, "boom": boom}, ControlAccess(group))
+
+        def client():
+            s = socketlib.socket(socketlib.AF_UNIX)
+            s.connect(str(path))
+            out = []
+            for line in (b'{"command": ["status"]}\n', b'[1, 2]\n', b'{"command": "boom"}\n',
+                         b'{"command": "status"}\n'):
+                s.sendall(line)
+                out.append(json.loads(recv_line(s)))
+            s.sendall(b'{"command": "status", "pad": "' + b"x" * (READ_LIMIT + 10) + b'"}\n')
+            out.append(json.loads(recv_line(s)))
+            out.append(recv_line(s))  # then closed
+            s.close()
+            return out
+
+        try:
+            return await asyncio.to_thread(client), os.stat(path)
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    answers, st_ = asyncio.run(main())
+    not_str, not_obj, raised, ok, too_long, closed = answers
+    assert not not_str["ok"] and '"command" must be a string, got list' in not_str["error"], not_str
+    assert not not_obj["ok"] and "bad request" in not_obj["error"], not_obj
+    assert not raised["ok"] and "missing piece" in raised["error"], raised
+    assert ok == {"ok": True, "state": "running"}
+    assert not too_long["ok"] and f"longer than {READ_LIMIT} bytes" in too_long["error"], too_long
+    assert closed == b""
+    assert st_.st_gid == gid and st_.st_mode & 0o777 == 0o660

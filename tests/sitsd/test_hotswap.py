@@ -105,6 +105,20 @@ def model_variant(path):
     return path
 
 
+def model_with_output_offset(path, bias_delta: float = 4e-4):
+    """The demo model with its last layer's bias moved by `bias_delta` (before the clip head and its scale: ~5.6e-5
+    mm of command at the nominal frame): proven inside the same limits, other bytes, and a command that says which
+    of the two models computed it (frame_versions)."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(DEMO_MODEL))
+    bias = next(i for i in model.graph.initializer if i.name == "net.4.bias")
+    bias.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(bias) + bias_delta, bias.name))
+    onnx.save(model, str(path))
+    return path
+
+
 def test_100_swaps_under_a_1khz_loop_lose_no_frame_and_count_each_frame_once(host, tmp_path):
     # frames are stamped when the loop takes them, and the deadline is wide: what is counted here is frames and
     # sets, not time (a loop thread preempted for 8 ms on this shared 2-core box is no swap's doing; timing is
@@ -116,7 +130,8 @@ def test_100_swaps_under_a_1khz_loop_lose_no_frame_and_count_each_frame_once(hos
     # versions that compute different commands: each command then says which versions made it (frame_versions)
     pre_paths = module_versions(tmp_path / "pre", "pre_filter", distinct_outputs=True)
     post_paths = module_versions(tmp_path / "post", "post_command", distinct_outputs=True)
-    models = [tmp_path / "rolling_mill_a.onnx", model_variant(tmp_path / "rolling_mill_b.onnx")]
+    # two models that compute different commands: each command says which model made it too (frame_versions)
+    models = [tmp_path / "rolling_mill_a.onnx", model_with_output_offset(tmp_path / "rolling_mill_b.onnx")]
     shutil.copy(DEMO_MODEL, models[0])
     first = loop.stage_set
     generations = []
@@ -186,11 +201,11 @@ def test_100_swaps_under_a_1khz_loop_lose_no_frame_and_count_each_frame_once(hos
         else:
             post_v = r["module"]["version"]
         runs[r["generation"]] = (pre_v, post_v, model_sha)
-    made_by = frame_versions([out.values[0] for out in sent])
+    made_by = frame_versions([out.values[0] for out in sent], models)
     for i, (g, out, versions_of_frame) in enumerate(zip(generations, sent, made_by)):
-        assert versions_of_frame == runs[g][:2], (
-            f"frame {i}: command {out.values[0]!r} is what (pre, post) versions {versions_of_frame} compute "
-            f"(None: no combination), but its set, generation {g}, runs {runs[g][:2]}")
+        assert versions_of_frame == runs[g], (
+            f"frame {i}: command {out.values[0]!r} is what (pre, post, model) {versions_of_frame} compute "
+            f"(None: no combination), but its set, generation {g}, runs {runs[g]}")
         assert out.model_sha256.hex() == runs[g][2], f"frame {i}: model {out.model_sha256.hex()[:12]}, set {g}"
     # per-version counters, against the versions each command says made it (not the loop's own bookkeeping)
     for stage, k in (("pre", 0), ("post", 1)):
@@ -204,28 +219,30 @@ def test_100_swaps_under_a_1khz_loop_lose_no_frame_and_count_each_frame_once(hos
     assert {sha: k for sha, k in versions["models"].items() if k} == by_model
 
 
-def frame_versions(commands: list[float]) -> list[tuple[int, int] | None]:
-    """The (pre, post) versions (module_versions, distinct_outputs) whose combination computes each NOMINAL frame's
-    command, or None: pre_filter passes constant inputs through (plus its offset on the roll gap), the model maps
-    them, and post_command adds its offset (both start at their input after the reset of a swap, so no filter state
-    in between). The model runs here on a session of its own: an independent computation of each combination."""
+def frame_versions(commands: list[float], models: list) -> list[tuple[int, int, str] | None]:
+    """The (pre version, post version, model SHA-256 hex) whose combination computes each NOMINAL frame's command
+    (module_versions with distinct_outputs; models that compute differently, model_with_output_offset), or None:
+    pre_filter passes constant inputs through (plus its offset on the roll gap), the model maps them, and
+    post_command adds its offset (both start at their input after the reset of a swap, so no filter state in
+    between). Each model runs here on a session of its own: an independent computation of each combination."""
     import numpy as np
 
     from ep.session import ModelRunner
 
-    model = ModelRunner(DEMO_MODEL, 6, 1)
     expected = {}
-    for p in (1, 2):
-        x = np.array(NOMINAL[:6])
-        i, off = version_offset("pre_filter", p)
-        x[i] += off
-        model.input[0, :] = x
-        y = float(model.run()[0][0])
-        for q in (1, 2):
-            expected[(p, q)] = y + version_offset("post_command", q)[1]
+    for path in models:
+        model = ModelRunner(path, 6, 1)
+        for p in (1, 2):
+            x = np.array(NOMINAL[:6])
+            i, off = version_offset("pre_filter", p)
+            x[i] += off
+            model.input[0, :] = x
+            y = float(model.run()[0][0])
+            for q in (1, 2):
+                expected[(p, q, model.sha256.hex())] = y + version_offset("post_command", q)[1]
     values = sorted(expected.values())
-    assert min(np.diff(values)) > 1e-5, expected  # the four combinations are told apart with a wide margin
-    return [next((pq for pq, want in expected.items() if abs(c - want) <= 1e-9), None) for c in commands]
+    assert min(np.diff(values)) > 1e-5, expected  # the combinations are told apart with a wide margin
+    return [next((k for k, want in expected.items() if abs(c - want) <= 1e-9), None) for c in commands]
 
 
 def test_the_bound_proof_runs_in_the_proof_worker_process_which_is_replaced_when_it_dies(tmp_path):

@@ -66,3 +66,51 @@ def test_required_but_missing_ptp_drops_frames_then_failsafe():
     assert r["alerts"].get("clock", 0) >= 1  # the unlocked clock was reported
     assert r["dropped"] > 50 and r["dropped"] >= r["frames"] - 5  # every frame after the first poll dropped
     assert r["failsafe"] >= r["dropped"] // 5  # max_consecutive_drops 5: a fail-safe command every 5 drops
+
+
+def test_a_reload_of_timing_ptp_applies_at_the_next_poll():
+    """The PTP watcher reads timing.ptp at each poll (a reload replaces daemon.cfg): policy drop closes the
+    timestamp gate while no ptp4l answers (a real pmc on a socket nobody serves), warn opens it again, and
+    enabled off stops asking."""
+    import asyncio
+    from collections import deque
+    from types import SimpleNamespace
+
+    import structlog
+
+    from sitsd.config import load_config
+    from sitsd.daemon import Daemon
+    from sitsd.gates import TimestampGate
+
+    from ..conftest import EXAMPLE_CONFIG
+
+    def cfg(**ptp):
+        return load_config(EXAMPLE_CONFIG, {"timing.ptp": {"uds": "/nonexistent/ptp4l", "poll_s": 0.05, **ptp}})
+
+    gate = TimestampGate(10**7, 10**6)
+    daemon = SimpleNamespace(cfg=cfg(enabled="on", policy="drop"), loop=SimpleNamespace(ts_gate=gate),
+                             alerts=deque(), log=structlog.get_logger(), ptp_status=None)
+
+    async def main():
+        task = asyncio.create_task(Daemon._watch_ptp(daemon))
+        seen = []
+
+        async def until(cond):
+            for _ in range(200):
+                await asyncio.sleep(0.02)
+                if cond():
+                    return True
+            return False
+
+        seen.append(await until(lambda: gate.clock_ok is False))
+        daemon.cfg = cfg(enabled="on", policy="warn")
+        seen.append(await until(lambda: gate.clock_ok is True))
+        daemon.cfg = cfg(enabled="on", policy="failsafe")
+        seen.append(await until(lambda: gate.clock_ok is False))
+        daemon.cfg = cfg(enabled="off", policy="failsafe")
+        seen.append(await until(lambda: gate.clock_ok is True))
+        task.cancel()
+        return seen
+
+    assert asyncio.run(main()) == [True, True, True, True]
+    assert [a[1] for a in daemon.alerts].count("clock") >= 1

@@ -43,7 +43,7 @@ def stand_in(tmp_path: Path, config: Path):
     log = MeasurementLog(tmp_path / "measurements.jsonl")
     log.record("config", config.name, hashlib.sha256(config.read_bytes()).hexdigest())
     return SimpleNamespace(cfg=cfg, loop=loop, notifier=_Quiet(), log=_Quiet(), reloads=0, measurements=log,
-                           status_line=lambda: "", _reload_lock=threading.Lock(), config_path=config,
+                           status_line=lambda: "", _reload_lock=threading.RLock(), config_path=config,
                            config_overrides={}, hotswap=SimpleNamespace(watch_config=lambda cfg: None),
                            previous_config=None, _alert=lambda *a: None)
 
@@ -142,3 +142,19 @@ def test_a_config_undo_is_measured_before_the_old_rules_run(tmp_path):
     # an old config that was never measured: the rollback is still measured (no file digest: its live sections')
     _restore_config(daemon, newer_cfg, new, None)
     assert configs(daemon.measurements)[-1] == ("rollback:config", new.name, live_config_sha256(newer_cfg))
+
+
+def test_reload_plan_refuses_what_only_a_restart_applies():
+    """proof (the prover is built at start) and the hardware-stamp conversion (the transport's, from its start)
+    cannot change live: a reload that touches them is refused with the list, not reported as applied."""
+    from sitsd.config import load_config
+    from sitsd.reload import ReloadRefused, plan
+
+    from ..conftest import EXAMPLE_CONFIG
+
+    base = load_config(EXAMPLE_CONFIG)
+    assert plan(base, load_config(EXAMPLE_CONFIG, {"timing.ptp": {"policy": "drop"}})) == ["timing"]
+    with pytest.raises(ReloadRefused, match="proof"):
+        plan(base, load_config(EXAMPLE_CONFIG, {"proof.policy": "off" if base.proof.policy != "off" else "every"}))
+    with pytest.raises(ReloadRefused, match="phc_timescale"):
+        plan(base, load_config(EXAMPLE_CONFIG, {"timing.ptp": {"phc_timescale": "utc"}}))

@@ -245,7 +245,9 @@ def test_the_native_ticker_never_ticks_faster_than_its_period():
     assert isinstance(engine, wasmtime.Engine)
 
 
-def test_memory_growth_past_the_limit_is_stopped(host):
+def test_memory_growth_past_the_limit_is_refused_and_an_access_past_it_traps(host):
+    # misbehave.wat grows one page at a time until memory.grow returns -1 (refused, no trap), then writes into
+    # the page it did not get: that access traps
     v = host.load("misbehave", "pre", MISBEHAVE, 6, 6, limits=Limits(memory_bytes=3 * 65536))
     inst = v.instance
     inst.input[:] = [GROW, 3.0, 1.4, 8000.0, 120.0, 2.667]

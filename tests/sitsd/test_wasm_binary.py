@@ -10,6 +10,7 @@ import pytest
 from sitsd.hotswap import SwapRefused
 from sitsd.wasm import WasmHost
 
+from ..conftest import DEMO_MODEL
 from .test_hotswap import frame_versions, module_versions, with_modules
 from .test_loop import frame
 from .test_wasm import MODULES, build_without_rate_limits
@@ -176,5 +177,6 @@ def test_a_signed_wasm_hot_swaps_under_require_signatures_and_one_changed_after_
     assert rec["module"]["version"] == 2 and loop.stage_set.post.path == wasm2 and loop.stage_set is not first
     loop.step(frame(1))
     command = verifier.verify(sent[-1].envelope).command
-    assert not command.failsafe and frame_versions([command.values[0]]) == [(1, 2)], command.values
+    assert not command.failsafe and frame_versions([command.values[0]], [DEMO_MODEL]) == [
+        (1, 2, loop.stage_set.model_sha256.hex())], command.values
     assert loop.counters.module_traps == 0 and loop.stage_set.post.frames == 1
