@@ -69,6 +69,8 @@ from typing import NamedTuple
 
 import zstandard
 
+from .durable import fsync_dir as _fsync_dir
+
 GENESIS = "0" * 64
 DURABILITY = {  # what each audit.fsync policy promises (status: audit_durable.promise)
     "every": "each record is fsynced before the next command is written",
@@ -167,14 +169,6 @@ def _open_text(path: Path):
             path = compressed
     return io.TextIOWrapper(io.BufferedReader(_ZstdStream(open(path, "rb"))), encoding="utf-8", errors="replace",
                             newline="\n")
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def compress_segment(path: Path) -> Path:

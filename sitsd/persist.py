@@ -36,6 +36,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .durable import fsync_dir as _fsync_dir
+from .durable import replace_durably
+
 STATE_FILE = "active-stages.json"
 REJECTED_FILE = "active-stages.rejected.json"
 FORMAT = "sits2026-active-stages"
@@ -95,27 +98,12 @@ def describe_entries(entries: dict) -> str:
 
 
 # -- the file -------------------------------------------------------------------------------------------
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_atomic(path: Path, data: dict) -> bytes:
     """Write temp, fsync, rename over `path`, fsync the directory: after a power cut the file is the old
     one or the new one, never a torn mix. Returns the bytes written."""
     path = Path(path)
     body = (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
-    try:
-        os.write(fd, body)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    replace_durably(path, body, 0o640, tmp=path.with_name(path.name + ".tmp"))
     _fsync_dir(path.parent)
     return body
 

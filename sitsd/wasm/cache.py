@@ -29,6 +29,7 @@ from pathlib import Path
 
 import wasmtime
 
+from ..durable import fsync_dir, replace_durably
 from .errors import CacheIntegrityError
 
 KEY_BYTES = 32
@@ -79,29 +80,6 @@ def load_or_create_key(path: Path) -> tuple[bytes, str]:
     if len(data) != KEY_BYTES:
         return os.urandom(KEY_BYTES), f"this process only ({path} holds {len(data)} bytes, not {KEY_BYTES}: left as is)"
     return data, str(path)
-
-
-def _write_durably(path: Path, content: bytes) -> None:
-    """`content` at `path` through a temporary file, fsynced before the rename: the file is whole or absent."""
-    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(content)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _fsync_directory(directory: Path) -> None:
-    """The renames in `directory` made durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class CwasmCache:
@@ -162,8 +140,8 @@ class CwasmCache:
                 "mac": self._mac(wasm_sha256, self.fingerprint, digest)}
         meta_path.unlink(missing_ok=True)  # from here until the new record is in place: code without a record, a miss
         for path, content in ((code_path, data), (meta_path, json.dumps(meta).encode())):  # the record last
-            _write_durably(path, content)
-            _fsync_directory(self.directory)  # this rename (and the unlink) durable before the next one
+            replace_durably(path, content, 0o644)
+            fsync_dir(self.directory)  # this rename (and the unlink) durable before the next one
 
     def evict(self, wasm_sha256: str) -> None:
         for path in self.paths(wasm_sha256):
