@@ -187,12 +187,7 @@ async def serve(path: Path, handlers: dict[str, Callable[[dict], dict | Awaitabl
             writer.close()
 
     server = await asyncio.start_unix_server(handle, path=str(path), limit=READ_LIMIT)
-    os.chmod(path, 0o660)
-    if access._gid is not None:  # control.operator_group may open it (mode 0660) without the daemon's group
-        try:
-            os.chown(path, -1, access._gid)
-        except OSError:  # not permitted (not root, not a member): members reach it only through the daemon's group
-            pass
+    os.chmod(path, 0o660)  # the daemon's user and group open it; roles are decided per command (ControlAccess)
     return server
 
 

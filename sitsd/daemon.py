@@ -943,6 +943,7 @@ class Daemon:
             self.measurements = new
             if self.hotswap is not None:
                 self.hotswap.measure = new.record  # later swaps are measured into the new log
+                self.hotswap._owed.clear()  # the new log measures what runs now: nothing is owed to it
             done[0] = f"model, PCR {new.pcr} {new.value.hex()[:16]}…"
         check("re-measuring the session PCR")
         value = self.signer.remeasure([st.model_sha256], still_current=current)  # binds the session key again

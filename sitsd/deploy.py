@@ -154,28 +154,46 @@ def _undo(daemon, steps: list[_Step], reason: str) -> tuple[list[str], list[str]
     """Undo `steps`, newest first; each rollback is measured (hot swap rollbacks, `rollback:config`) and
     logged. A component changed since the load (an operator's update, an automatic rollback, a reload) is
     left as it is and reported. Returns (restored, not_restored)."""
+    import contextlib
+
     restored, not_restored = [], []
     why = f"deploy undone: {reason}"[:300]
     for step in reversed(steps):
-        if not _is_current(daemon, step):
-            daemon.log.warning("deploy undo: component changed since the deployment loaded it; left as it is",
-                               component=step.component, reason=reason)
-            not_restored.append(f"{step.component} (changed since the load)")
-            continue
-        try:
-            if step.component == "config":
-                _restore_config(daemon, *step.previous)
-            else:
-                daemon.hotswap.rollback("model" if step.component == "model" else step.name, reason=why)
-        except Exception as exc:  # a rollback's measurement can fail after the swap back: then it is restored
-            if _is_current(daemon, step):
-                daemon.log.error("deploy undo failed", component=step.component, reason=reason, error=repr(exc))
-                not_restored.append(f"{step.component} ({str(exc).splitlines()[0] if str(exc) else repr(exc)})")
+        # a config step holds the reload lock from its check to its restore (no reload undone unseen)
+        locked = (getattr(daemon, "_reload_lock", None) if step.component == "config" else None) \
+            or contextlib.nullcontext()
+        with locked:
+            if not _is_current(daemon, step):
+                daemon.log.warning("deploy undo: component changed since the deployment loaded it; left as it is",
+                                   component=step.component, reason=reason)
+                not_restored.append(f"{step.component} (changed since the load)")
                 continue
-            daemon.log.error("deploy undo: rolled back but not measured", component=step.component, error=repr(exc))
-        daemon.log.warning("deploy undone: rolled back", component=step.component, reason=reason)
-        restored.append(step.component)
+            done = _undo_step(daemon, step, reason, why, not_restored)
+        if done:
+            restored.append(step.component)
     return restored, not_restored
+
+
+def _undo_step(daemon, step: _Step, reason: str, why: str, not_restored: list[str]) -> bool:
+    """One step of `_undo`: True when it was rolled back (measured or not), else the reason in `not_restored`."""
+    from .reload import prove_for_running
+
+    try:
+        if step.component == "config":
+            # the running model may have changed since the load (an operator's update): the old rules must
+            # hold for it, proven here (refused: reported as not restored) unless proven before
+            proven_set, _ = prove_for_running(daemon, step.previous[0])
+            _restore_config(daemon, *step.previous, proven_set)
+        else:
+            daemon.hotswap.rollback("model" if step.component == "model" else step.name, reason=why)
+    except Exception as exc:  # a rollback's measurement can fail after the swap back: then it is restored
+        if _is_current(daemon, step):
+            daemon.log.error("deploy undo failed", component=step.component, reason=reason, error=repr(exc))
+            not_restored.append(f"{step.component} ({str(exc).splitlines()[0] if str(exc) else repr(exc)})")
+            return False
+        daemon.log.error("deploy undo: rolled back but not measured", component=step.component, error=repr(exc))
+    daemon.log.warning("deploy undone: rolled back", component=step.component, reason=reason)
+    return True
 
 
 def _load(daemon, req: dict) -> tuple[dict, list[_Step]]:
@@ -393,6 +411,7 @@ def _load_verified(daemon, req: dict, steps: list[_Step]) -> dict:
         if not out.get("reloaded"):
             raise SwapRefused(out.get("error", "config refused"))
     applied = [s.component for s in steps]
+    daemon.hotswap.measure_owed()  # a rollback's events still owed go before the approval (the quote covers them)
     log.record("approval", req["approval_name"], req["approval_sha256"])
     answer = {"applied": applied, "mode": log.mode, "pcr": log.pcr, "initial": log.initial.hex(),
               "events": [asdict(e) for e in log.events], "boot_events": [list(e) for e in events], "quote": None}

@@ -283,7 +283,7 @@ class HotSwap:
             if not proven:
                 raise SwapRefused(f"model {path}: output bounds not proven inside the actuator limits; "
                                   f"refused\n{report}")
-            self.mark_proven(runner.sha256, rules)
+            self._mark_if_unchanged(runner.sha256, rules)
         return runner, (time.perf_counter_ns() - t0) / 1e6, report
 
     # -- which rules each model is proven inside ----------------------------------------------------
@@ -299,6 +299,19 @@ class HotSwap:
         if rules not in known:
             known.append(rules)
             del known[:-KEPT_SETS]  # the newest few
+
+    def _mark_if_unchanged(self, model_sha256: bytes, rules) -> None:
+        """Record a proof that read the running config itself: only when the rules objects are still the very ones
+        read before it (no reload committed in between, whatever it changed), so the proof was of these rules."""
+        now = self._rules_now()
+        same = now is rules or (isinstance(now, tuple) and isinstance(rules, tuple) and len(now) == len(rules)
+                                and all(a is b for a, b in zip(now, rules)))
+        if same:
+            self.mark_proven(model_sha256, rules)
+
+    def proven_for(self, model_sha256: bytes, rules) -> bool:
+        """Whether the model with this hash was proven inside `rules` (rules_of(cfg))."""
+        return rules in self._proven.get(bytes(model_sha256), [])
 
     def proven_now(self, model_sha256: bytes) -> bool:
         """Whether the model with this hash is proven inside the running config's rules (always, without a
@@ -335,7 +348,7 @@ class HotSwap:
                 raise SwapRefused(f"rolling back would run model {Path(path).name} (sha256 {sha.hex()[:16]}…), which "
                                   "is not proven inside the running config's limits (they changed since it ran); "
                                   f"nothing changed\n{report}")
-            self.mark_proven(sha, rules)
+            self._mark_if_unchanged(sha, rules)
             return report
 
     def _check_signature(self, kind: str, path: Path, sha256: str | None = None) -> str | None:
@@ -627,19 +640,30 @@ class HotSwap:
         rollback to the set an automatic rollback just left (it trapped, sent fail-safes, or the PLC refused it)
         is refused unless `force`. A model not proven inside the running config's rules (they changed since it
         ran) is proven first, and the rollback refused if it fails."""
+        with self._lock:
+            self._refuse_auto_left(component, force)  # before a proof that would be for nothing
         proof = self._prove_for_rollback(component)
         with self._lock:
-            left = self._auto_left
-            if component is None and not force and left is not None and self.previous is left[0]:
-                st, why, at = left
-                raise SwapRefused(
-                    f"the previous set, generation {st.generation} ({st.label}), is the one an automatic rollback "
-                    f"left at {time.strftime('%H:%M:%S', time.localtime(at / 1e9))}: {why}; rolling back to it "
-                    "would run it again. Fix the cause and `sitsctl update` it, or `sitsctl rollback --force` to run "
-                    "it anyway")
+            self._refuse_auto_left(component, force)
             out = self._rollback(component, reason, announce=True)
             self._settle(self.loop.stage_set, f"rollback of {out['component']} ({reason})")
             return {**out, "bounds": proof} if proof else out
+
+    def _refuse_auto_left(self, component: str | None, force: bool) -> None:
+        left = self._auto_left
+        if component is None and not force and left is not None and self.previous is left[0]:
+            st, why, at = left
+            raise SwapRefused(
+                f"the previous set, generation {st.generation} ({st.label}), is the one an automatic rollback "
+                f"left at {time.strftime('%H:%M:%S', time.localtime(at / 1e9))}: {why}; rolling back to it "
+                "would run it again. Fix the cause and `sitsctl update` it, or `sitsctl rollback --force` to run "
+                "it anyway")
+
+    def measure_owed(self) -> None:
+        """Measure the events a rollback could not, before anything else is measured (a config, an approval);
+        raises when the log still cannot be written."""
+        with self._lock:
+            self._measure_owed()
 
     def _settle(self, st: StageSet, reason: str) -> None:
         """Hand a set that is to stay to `on_settled` (persistence); its failure never undoes the swap."""
@@ -852,13 +876,17 @@ class HotSwap:
         """Per-version frame counters: modules by (name, sha256), models by sha256, sets by generation. Read on
         the control socket's thread without the swap lock (a swap may hold it for seconds): a swap changing the
         dicts meanwhile makes it read them again."""
-        for _ in range(4):
+        for _ in range(8):
             try:
                 return self._versions()
             except RuntimeError:  # "dictionary changed size during iteration": a swap in between
                 time.sleep(0.001)
-        with self._lock:
+        if not self._lock.acquire(timeout=0.05):  # never long: this runs on the control socket's event loop
+            raise SwapRefused("versions: a swap is changing the version lists right now; ask again")
+        try:
             return self._versions()
+        finally:
+            self._lock.release()
 
     def _versions(self) -> dict:
         modules: dict[str, dict] = {k: dict(v) for k, v in self._retired["modules"].items()}

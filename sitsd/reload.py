@@ -113,6 +113,12 @@ def swap_locked(daemon, proven_set=None):
     hs = getattr(daemon, "hotswap", None)
     hs = hs if hasattr(hs, "mark_proven") else None  # a daemon without hot swap (tools, tests) has no swaps to stop
     with (hs._lock if hs is not None else contextlib.nullcontext()):
+        if hs is not None:
+            try:  # a rollback's events that could not be measured go first: the log stays in the order things ran
+                hs._measure_owed()
+            except Exception as exc:
+                raise ReloadRefused(f"the measurement log still lacks a rollback that could not be measured ({exc!r}); "
+                                    "nothing changed: try again once the TPM/disk works") from None
         loop = daemon.loop
         if proven_set is not None and loop is not None and loop.stage_set.model_sha256 != proven_set.model_sha256:
             raise ReloadRefused("the model was swapped while the new rules were being proven for the one that ran "
@@ -121,6 +127,19 @@ def swap_locked(daemon, proven_set=None):
         yield
         if hs is not None and proven_set is not None:  # proven just now (unproven rules never mark anything)
             hs.mark_proven(proven_set.model_sha256, rules_of(daemon.cfg))
+
+
+def prove_for_running(daemon, new: Config) -> tuple:
+    """Before `new`'s rules go live where nothing else proved them (a deploy's undo): (the stage set whose model
+    is proven inside them, a report), or (None, None) when they are the running rules. A model already proven
+    inside them (HotSwap.proven_for) is not proven again. ReloadRefused when the proof fails."""
+    if daemon.loop is None or rules_of(daemon.cfg) == rules_of(new):
+        return None, None
+    st = daemon.loop.stage_set
+    hs = getattr(daemon, "hotswap", None)
+    if hasattr(hs, "proven_for") and hs.proven_for(st.model_sha256, rules_of(new)):
+        return st, "proven inside these rules before"
+    return st, prove_live(daemon, new, st)
 
 
 def commit(daemon, prepared: tuple) -> None:

@@ -3,7 +3,9 @@ change live (reload, update --config); a model update proven under the old ones,
 under the old ones, must be proven again. On the real loop, wasmtime and ONNX Runtime; the rules are an opaque value
 here (`HotSwap.rules`), the proof the real in-process bound check where it must pass and a recording check that
 refuses where the demo model (proven inside every limit the example config allows) cannot be made to fail."""
+import hashlib
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -108,6 +110,9 @@ def test_a_model_update_proven_before_the_rules_changed_is_refused(host, tmp_pat
     t.join(20)
     assert "changed while it was being proven" in out.get("refused", ""), out
     assert loop.stage_set is before
+    # the proof read the config after the reload: it is recorded under neither rule set
+    variant = hashlib.sha256((tmp_path / "b.onnx").read_bytes()).digest()
+    assert not hs.proven_for(variant, "rules-1") and not hs.proven_for(variant, "rules-2")
 
 
 def test_the_automatic_rollback_never_runs_a_model_unproven_for_the_running_rules(host, tmp_path):
@@ -137,3 +142,87 @@ def test_the_deployment_model_counts_as_proven_and_no_config_means_no_rules(host
     Rules(hs)
     assert hs.proven_now(loop.stage_set.model_sha256) and not hs.proven_now(b"\0" * 32)
     assert DEMO_MODEL.exists()
+
+
+def _configs():
+    """The example config, and one whose actuator limits are 10% narrower (other proven rules)."""
+    from sitsd.reload import rules_of
+
+    cfg1 = load_config(EXAMPLE_CONFIG)
+    acts = [dict(a.model_dump(), max=a.max * 0.9) for a in cfg1.safety.actuators]
+    cfg2 = load_config(EXAMPLE_CONFIG, {"safety": {**cfg1.safety.model_dump(), "actuators": acts}})
+    assert rules_of(cfg1) != rules_of(cfg2)
+    return cfg1, cfg2
+
+
+class _Log:
+    def __getattr__(self, name):
+        return lambda *a, **k: None
+
+
+def _daemon(loop, hs, cfg):
+    from sitsd.reload import rules_of
+
+    daemon = SimpleNamespace(cfg=cfg, loop=loop, hotswap=hs, measurements=None, _reload_lock=threading.RLock(),
+                             config_path=EXAMPLE_CONFIG, log=_Log())
+    hs.rules = lambda: rules_of(daemon.cfg)
+    hs.mark_proven(loop.stage_set.model_sha256, rules_of(cfg))
+    return daemon
+
+
+def test_rules_are_applied_only_while_the_model_they_were_proven_for_runs(host, tmp_path):
+    """reload.swap_locked: a model swap between the proof and the commit refuses the new rules; a rollback's
+    owed measurement goes before them, and while it cannot be written they are refused."""
+    from sitsd.reload import ReloadRefused, rules_of, swap_locked
+
+    cfg1, cfg2 = _configs()
+    loop, hs, _ = swapper(host, lambda path, sha: (True, "proven"))
+    daemon = _daemon(loop, hs, cfg1)
+    proven_set = loop.stage_set  # the proof ran for this set's model ...
+    hs.update_model(model_variant(tmp_path / "b.onnx"))  # ... then a model swap landed
+    with pytest.raises(ReloadRefused, match="the model was swapped while the new rules were being proven"):
+        with swap_locked(daemon, proven_set):
+            daemon.cfg = cfg2
+    assert daemon.cfg is cfg1
+    with swap_locked(daemon, loop.stage_set):  # proven for the model that runs: applied and recorded
+        daemon.cfg = cfg2
+    assert hs.proven_for(loop.stage_set.model_sha256, rules_of(cfg2))
+    events = []
+
+    def measure(*event):
+        if failing:
+            raise OSError(28, "No space left on device")
+        events.append(event)
+
+    failing, hs.measure = True, measure
+    hs._owed.append(("rollback:model", "a.onnx", "ab" * 32))
+    with pytest.raises(ReloadRefused, match="lacks a rollback that could not be measured"):
+        with swap_locked(daemon, None):
+            daemon.cfg = cfg1
+    assert daemon.cfg is cfg2
+    failing = False
+    with swap_locked(daemon, None):
+        events.append(("config", "x", "y"))
+    assert events == [("rollback:model", "a.onnx", "ab" * 32), ("config", "x", "y")] and not hs._owed
+
+
+def test_a_deploy_undo_proves_the_old_rules_for_the_model_that_runs_now(host, tmp_path):
+    """A deploy's live reload put rules cfg2 in; an operator then updated the model (proven under cfg2 only); the
+    deploy is not confirmed and undone: cfg1 comes back only once the running model is proven inside it (the
+    real proof, in the proof worker)."""
+    from sitsd.deploy import _restore_config, _Step, _undo
+    from sitsd.reload import rules_of
+
+    cfg1, cfg2 = _configs()
+    calls = []
+    loop, hs, _ = swapper(host, lambda path, sha: (calls.append(sha) or True, "proven"))
+    daemon = _daemon(loop, hs, cfg1)
+    _restore_config(daemon, cfg2, EXAMPLE_CONFIG, None, None)  # the deploy's reload (its proof not the point here)
+    step = _Step("config", daemon.cfg, previous=(cfg1, EXAMPLE_CONFIG, None))
+    hs.update_model(model_variant(tmp_path / "b.onnx"))
+    b = loop.stage_set.model_sha256
+    assert not hs.proven_for(b, rules_of(cfg1))
+    restored, not_restored = _undo(daemon, [step], "not confirmed")
+    assert restored == ["config"] and not not_restored
+    assert daemon.cfg is cfg1 and loop.stage_set.model_sha256 == b
+    assert hs.proven_now(b) and hs.proven_for(b, rules_of(cfg1))  # proven by the undo, not assumed

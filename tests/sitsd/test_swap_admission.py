@@ -13,10 +13,11 @@ from sitsd.hotswap import MAX_SWAP_REQUESTS, control_handlers
 
 class SlowSwap:
     def __init__(self):
-        self.release, self.started = threading.Event(), 0
+        self.release, self.started, self.threads = threading.Event(), 0, set()
 
     def update_module(self, path, name=None, sha256=None):
         self.started += 1
+        self.threads.add(threading.current_thread().name)
         self.release.wait(30)
         return {"component": "module:pre", "name": str(path)}
 
@@ -43,4 +44,5 @@ def test_updates_past_the_cap_are_refused_and_the_default_pool_stays_free():
     assert pong == "pong"
     assert all(d.get("updated") for d in done), done
     assert swap.started == MAX_SWAP_REQUESTS  # the refused one never reached the hot swap
+    assert swap.threads and all(name.startswith("sitsd-swap") for name in swap.threads), swap.threads
     assert [k for k, _ in alerts] == ["update_refused"]
